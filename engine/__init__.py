@@ -1,0 +1,1 @@
+"""The native engine: static-KV-cache decoding with EAGLE-3 speculation (chain and tree)."""

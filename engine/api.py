@@ -1,0 +1,116 @@
+"""The engine interface the HTTP layer, metrics and benchmarks talk to.
+
+Two implementations: the native engine (engine/scheduler.py) and SGLang
+(server/engines/sglang_engine.py). An engine turns token ids into an async stream of
+`GenerationOutput` deltas; the last one carries the finish reason and the statistics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol
+
+
+class EngineError(RuntimeError):
+    """The engine cannot serve (not ready, dead). Maps to HTTP 503."""
+
+
+class EngineOverloaded(EngineError):
+    """The waiting queue is full. Maps to HTTP 503 with Retry-After."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0       # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1                # <= 0: disabled
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    timeout_s: float | None = None  # wall-clock deadline for the whole request
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+@dataclass
+class SpecStats:
+    """Per-request speculative statistics, shaped like SGLang's meta_info.
+
+    accept_length = completion_tokens / verify_steps (bonus token included);
+    accept_rate = accepted_draft_tokens / proposed_draft_tokens;
+    accepted_per_position[i] = verify steps whose i-th draft token was accepted.
+    """
+    verify_steps: int = 0
+    proposed_draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def accept_length(self, completion_tokens: int) -> float:
+        return completion_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted_draft_tokens / self.proposed_draft_tokens if self.proposed_draft_tokens else 0.0
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.verify_steps += 1
+        self.proposed_draft_tokens += proposed
+        self.accepted_draft_tokens += accepted
+        if len(self.accepted_per_position) < accepted:
+            self.accepted_per_position += [0] * (accepted - len(self.accepted_per_position))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+
+@dataclass
+class GenerationOutput:
+    """One streamed delta. `finish_reason` is set on the last one: stop | length | abort."""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    spec: SpecStats | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineInfo:
+    """What the engine is, for /v1/models, logs and the info metric."""
+    engine: str
+    model: str
+    max_context: int
+    speculative: bool
+    steps: int = 0
+    topk: int = 0
+    draft_tokens: int = 0
+    tp: int = 1
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    info: EngineInfo
+    tokenizer: object  # a transformers tokenizer (chat template, encode/decode)
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request_id: str, prompt_ids: list[int],
+                 params: SamplingParams) -> AsyncIterator[GenerationOutput]: ...

@@ -1,0 +1,180 @@
+"""Batched decoding over a static KV cache: prefill, plain steps and speculative steps.
+
+Active requests occupy cache rows 0..B-1 (kept contiguous by `move_row`). For each row the
+decoder keeps the committed cache length, the pending token (produced, not yet in the
+target cache) and, with a drafter, the drafter's prediction after that token. One
+speculative step = draft (chain or tree) -> verify in one target forward -> accept ->
+compact the accepted path in the target cache -> drafter extend over the accepted tokens.
+Rejected positions need no rollback: they lie beyond the committed length and are masked
+out, then overwritten.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.draft_tree import DraftState, draft_chain, draft_tree
+from engine.masks import block_inputs, causal
+from engine.sampling import BatchSampling, probs_from_logits, sample
+from engine.verify import accept
+from models.eagle3 import Eagle3Drafter
+from models.llama import LlamaModel
+
+
+@dataclass
+class SpecConfig:
+    steps: int
+    topk: int = 1
+    num_draft_tokens: int = 0  # 0: steps + 1 (chain)
+
+    def __post_init__(self):
+        if self.steps < 1 or self.topk < 1:
+            raise ValueError(f"speculative steps ({self.steps}) and topk ({self.topk}) must be >= 1")
+        if self.topk == 1:
+            if self.num_draft_tokens not in (0, self.steps + 1):
+                raise ValueError(f"topk=1 needs num_draft_tokens = steps + 1 = {self.steps + 1}, "
+                                 f"got {self.num_draft_tokens}")
+            self.num_draft_tokens = self.steps + 1
+        elif self.num_draft_tokens < 2:
+            raise ValueError("tree drafting (topk > 1) needs num_draft_tokens >= 2")
+
+    @property
+    def headroom(self) -> int:
+        """Cache positions a step may write beyond the committed length."""
+        return max(self.num_draft_tokens, self.steps * self.topk) + 2
+
+
+@dataclass
+class StepResult:
+    tokens: list[int]            # new tokens of this row, in order
+    proposed: int = 0            # draft tokens verified (0 without speculation)
+    accepted: int = 0            # of which accepted
+
+
+class BatchDecoder:
+    def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
+                 max_batch: int, max_context: int, span_multiple: int = 64):
+        self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
+        self.max_batch, self.max_context = max_batch, max_context
+        self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
+        self.span_multiple = span_multiple
+        self.device = target.embed_tokens.weight.device
+        target.setup_cache(max_batch, self.cache_len)
+        if self.spec:
+            drafter.setup_cache(max_batch, self.cache_len)
+        self.lens = [0] * max_batch                                   # committed target cache length
+        self.pending = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+        if self.spec:
+            h = drafter.config.hidden_size
+            dtype = drafter.fc.weight.dtype
+            self.draft_logits = torch.zeros(max_batch, drafter.config.draft_vocab_size, dtype=dtype, device=self.device)
+            self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _span(self, rows: int, extra: int) -> int:
+        need = max(self.lens[:rows]) + extra
+        m = self.span_multiple
+        return min(self.cache_len, -(-need // m) * m)
+
+    def _lens(self, rows: int, offset: int = 0) -> torch.Tensor:
+        return torch.tensor(self.lens[offset:offset + rows], device=self.device)
+
+    # -- prefill -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, row: int, prompt: list[int], sampling: BatchSampling) -> int:
+        """Fill row `row` with `prompt`; return the first generated token."""
+        n = len(prompt)
+        tokens = torch.tensor([prompt], device=self.device)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        depth = torch.arange(n, device=self.device).unsqueeze(0)
+        span = min(self.cache_len, -(-n // self.span_multiple) * self.span_multiple)
+        inputs = block_inputs(zero, causal(1, n, self.device), depth, span, row_offset=row)
+        out = self.target(tokens, inputs, capture_aux=self.spec is not None,
+                          logits_at=torch.tensor([[n - 1]], device=self.device))
+        first = sample(probs_from_logits(out.logits, sampling)[0, 0], sampling.generators[0])
+        self.lens[row] = n
+        self.pending[row] = first
+        if self.spec:
+            ext_tokens = torch.cat([tokens[:, 1:], torch.tensor([[first]], device=self.device)], dim=1)
+            d = self.drafter(ext_tokens, out.aux_hidden, inputs)
+            self.draft_logits[row] = d.logits[0, -1]
+            self.draft_hidden[row] = d.hidden[0, -1]
+        return first
+
+    # -- decode steps ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
+        return self._spec_step(rows, sampling) if self.spec else self._plain_step(rows, sampling)
+
+    def _plain_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
+        base = self._lens(rows)
+        ones = torch.ones(rows, 1, 1, dtype=torch.bool, device=self.device)
+        inputs = block_inputs(base, ones, torch.zeros(rows, 1, dtype=torch.long, device=self.device),
+                              self._span(rows, 1))
+        out = self.target(self.pending[:rows].unsqueeze(1), inputs)
+        p = probs_from_logits(out.logits, sampling)[:, 0]
+        if sampling.all_greedy:
+            new = p.argmax(-1)
+        else:
+            new = torch.tensor([sample(p[b], sampling.generators[b]) for b in range(rows)], device=self.device)
+        self.pending[:rows] = new
+        for b in range(rows):
+            self.lens[b] += 1
+        return [StepResult([t]) for t in new.tolist()]
+
+    def _spec_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
+        spec, dev = self.spec, self.device
+        base = self._lens(rows)
+        span = self._span(rows, spec.headroom)
+        state = DraftState(self.draft_logits[:rows], self.draft_hidden[:rows])
+        root = self.pending[:rows]
+        if spec.topk == 1:
+            tree = draft_chain(self.drafter, state, root, base, spec.steps, sampling, span)
+        else:
+            tree = draft_tree(self.drafter, state, root, base, spec.steps, spec.topk, spec.num_draft_tokens, span)
+        out = self.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True)
+        results = accept(tree, probs_from_logits(out.logits, sampling), sampling)
+
+        # Accepted nodes, root first; the target cache must hold them at base .. base + a.
+        paths = [[0] + r.path for r in results]
+        self._compact_target(paths, base)
+        width = max(len(p) for p in paths)
+        node_idx = torch.tensor([p + [p[-1]] * (width - len(p)) for p in paths], device=dev)
+        ext_tok = torch.tensor([r.tokens + [r.tokens[-1]] * (width - len(r.tokens)) for r in results], device=dev)
+        aux = torch.gather(out.aux_hidden, 1, node_idx.unsqueeze(-1).expand(-1, -1, out.aux_hidden.shape[-1]))
+        depth = torch.arange(width, device=dev).expand(rows, width)
+        d = self.drafter(ext_tok, aux, block_inputs(base, causal(rows, width, dev), depth, span))
+        last = torch.tensor([len(p) - 1 for p in paths], device=dev)
+        pick = torch.arange(rows, device=dev)
+        self.draft_logits[:rows] = d.logits[pick, last]
+        self.draft_hidden[:rows] = d.hidden[pick, last]
+        self.pending[:rows] = torch.tensor([r.tokens[-1] for r in results], device=dev)
+        for b, p in enumerate(paths):
+            self.lens[b] += len(p)
+        # "Proposed" = draft tokens along the deepest path: steps for a chain, tree depth otherwise.
+        proposed = tree.depth.max(-1).values.tolist()
+        return [StepResult(r.tokens, proposed=proposed[b], accepted=len(r.path)) for b, r in enumerate(results)]
+
+    def _compact_target(self, paths: list[list[int]], base: torch.Tensor) -> None:
+        moves = [(b, i, node) for b, p in enumerate(paths) for i, node in enumerate(p) if node != i]
+        if not moves:
+            return
+        rows = torch.tensor([m[0] for m in moves], device=self.device)
+        src = base[rows] + torch.tensor([m[2] for m in moves], device=self.device)
+        dst = base[rows] + torch.tensor([m[1] for m in moves], device=self.device)
+        for layer in self.target.layers:
+            layer.self_attn.kv_cache.copy_positions(rows, src.unsqueeze(1), dst.unsqueeze(1))
+
+    # -- row management ----------------------------------------------------------------------
+    def move_row(self, src: int, dst: int) -> None:
+        """Move request state from row src to row dst (keeps active rows contiguous)."""
+        for layer in self.target.layers:
+            layer.self_attn.kv_cache.copy_row(src, dst)
+        self.lens[dst] = self.lens[src]
+        self.pending[dst] = self.pending[src]
+        if self.spec:
+            self.drafter.midlayer.self_attn.kv_cache.copy_row(src, dst)
+            self.draft_logits[dst] = self.draft_logits[src]
+            self.draft_hidden[dst] = self.draft_hidden[src]
+

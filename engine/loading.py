@@ -1,0 +1,95 @@
+"""Build a NativeEngine from checkpoint paths: device and dtype choice, start-up validation."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.api import EngineInfo
+from engine.decoder import BatchDecoder, SpecConfig
+from engine.scheduler import NativeEngine
+from models.eagle3 import Eagle3Drafter
+from models.eagle3_checkpoint import load_drafter
+from models.llama import LlamaModel, load_target
+
+log = logging.getLogger("specserve.engine")
+
+
+@dataclass
+class NativeEngineArgs:
+    model: str
+    draft: str | None = None
+    spec: SpecConfig | None = None
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"             # auto | float32 | bfloat16 | float16
+    max_batch: int = 16
+    max_context: int = 0            # 0: the model's max_position_embeddings
+    max_waiting: int = 256
+    served_model_name: str | None = None
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"dtype: {dtype!r} is not one of auto, float32, bfloat16, float16") from None
+
+
+def check_pair(target: LlamaModel, drafter: Eagle3Drafter, draft_path: str) -> None:
+    """Stop the launch when a drafter does not fit its target; name both values."""
+    t, d = target.config, drafter.config
+    where = f"{Path(draft_path) / 'config.json'}"
+    if d.target_hidden_size != t.hidden_size:
+        raise ValueError(f"{where}: target_hidden_size {d.target_hidden_size} != target hidden_size {t.hidden_size}")
+    if d.vocab_size != t.vocab_size:
+        raise ValueError(f"{where}: vocab_size {d.vocab_size} != target vocab_size {t.vocab_size}")
+    if len(d.aux_layer_ids) != d.num_aux or not all(0 <= i < t.num_hidden_layers for i in d.aux_layer_ids):
+        raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids {d.aux_layer_ids} do not name "
+                         f"{d.num_aux} layers of a {t.num_hidden_layers}-layer target")
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | None, torch.device]:
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    target = load_target(args.model, dtype=dtype, device=device)
+    drafter = None
+    if args.draft and args.spec:
+        drafter = load_drafter(args.draft, target.embed_tokens.weight, dtype=dtype, device=device)
+        check_pair(target, drafter, args.draft)
+        target.aux_layer_ids = list(drafter.config.aux_layer_ids)
+    return target, drafter, device
+
+
+def build_engine(args: NativeEngineArgs) -> NativeEngine:
+    name = args.served_model_name or Path(args.model).name
+    spec = args.spec if args.draft else None
+    info = EngineInfo(engine="native", model=name, max_context=args.max_context, speculative=spec is not None,
+                      steps=spec.steps if spec else 0, topk=spec.topk if spec else 0,
+                      draft_tokens=spec.num_draft_tokens if spec else 0)
+
+    def load():
+        target, drafter, device = load_models(args)
+        max_context = args.max_context or target.config.max_position_embeddings
+        decoder = BatchDecoder(target, drafter, spec, args.max_batch, max_context)
+        info.max_context, info.device = max_context, str(device)
+        info.extra = {"dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."), "model_path": args.model,
+                      "draft_path": args.draft or ""}
+        log.info("loaded %s on %s (speculative=%s)", args.model, device, info.speculative)
+        return decoder, load_tokenizer(args.model), info
+
+    return NativeEngine(load, info, max_waiting=args.max_waiting)

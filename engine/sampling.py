@@ -1,0 +1,62 @@
+"""Turn logits into the distributions speculative verification compares.
+
+Greedy rows become one-hot distributions at the argmax, so one rejection-sampling code
+path serves greedy and sampled requests: with one-hot p and q it accepts exactly when the
+draft equals the target's argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class BatchSampling:
+    """Per-row sampling settings as tensors [B]; temperature 0 means greedy."""
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    generators: list[torch.Generator | None]
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature <= 0).all())
+
+
+def probs_from_logits(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
+    """logits [B, T, V] -> probabilities [B, T, V] (float32) after temperature, top-k, top-p."""
+    logits = logits.float()
+    greedy = (s.temperature <= 0) | (s.top_k == 1)
+    if bool(greedy.all()):
+        return _one_hot_argmax(logits)
+    x = logits / s.temperature.clamp_min(1e-5).view(-1, 1, 1)
+    v = x.shape[-1]
+    if bool(((s.top_k > 0) & (s.top_k < v)).any()) or bool((s.top_p < 1).any()):
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        k = torch.where(s.top_k > 0, s.top_k, v).clamp_max(v).view(-1, 1, 1)
+        ranks = torch.arange(v, device=x.device)
+        drop = ranks >= k
+        cum = sorted_x.softmax(-1).cumsum(-1)
+        drop |= (cum - sorted_x.softmax(-1)) >= s.top_p.view(-1, 1, 1)  # keep the smallest set reaching top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(-1, order, sorted_x)
+    probs = x.softmax(-1)
+    if bool(greedy.any()):
+        probs = torch.where(greedy.view(-1, 1, 1), _one_hot_argmax(logits), probs)
+    return probs
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token from a 1-D distribution (one-hot rows need no randomness)."""
+    if float(probs.max()) >= 1.0:
+        return int(probs.argmax())
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def uniform(generator: torch.Generator | None, device) -> float:
+    return float(torch.rand((), generator=generator, device=device))

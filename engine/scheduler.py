@@ -1,0 +1,238 @@
+"""NativeEngine: the engine interface over BatchDecoder, driven by one background thread.
+
+The thread admits waiting requests (prefill, one at a time), then runs one batched decode
+or speculative step for every active request, turns new tokens into text deltas, applies
+the stop conditions (EOS, stop token ids, stop strings, max_tokens, context limit,
+deadline) token by token — also inside an accepted draft run — and hands each delta to the
+request's asyncio queue. Cancelled requests leave the batch before the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+import torch
+
+from engine.api import (EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams,
+                        SpecStats)
+from engine.decoder import BatchDecoder
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sampling import BatchSampling
+
+log = logging.getLogger("specserve.engine")
+
+
+@dataclass
+class _Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    emit: Callable[[GenerationOutput], None]
+    detok: IncrementalDetokenizer
+    generator: torch.Generator | None
+    deadline: float | None
+    spec: SpecStats | None
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class NativeEngine:
+    """Implements engine.api.Engine. `load_fn` builds (decoder, tokenizer, info) when started."""
+
+    def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo,
+                 max_waiting: int = 256):
+        self._load_fn = load_fn
+        self.info = info
+        self.tokenizer = None
+        self.decoder: BatchDecoder | None = None
+        self.max_waiting = max_waiting
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._active: list[_Request] = []
+        self._aborted: set[str] = set()
+        self._n_waiting = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ready = False
+        self.dead: str | None = None
+        self.eos_ids: set[int] = set()
+
+    # -- interface ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.dead is None
+
+    @property
+    def load(self) -> tuple[int, int]:
+        return len(self._active), self._n_waiting
+
+    async def start(self) -> None:
+        self.decoder, self.tokenizer, self.info = await asyncio.to_thread(self._load_fn)
+        self.eos_ids = set(self.decoder.target.config.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            self.eos_ids.add(self.tokenizer.eos_token_id)
+        self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
+        self._thread.start()
+        self._ready = True
+
+    async def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+        self._ready = False
+
+    async def generate(self, request_id: str, prompt_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[GenerationOutput]:
+        if not self.ready:
+            raise EngineError(self.dead or "engine is not ready")
+        with self._lock:
+            if self._n_waiting >= self.max_waiting:
+                raise EngineOverloaded(f"server is overloaded: {self._n_waiting} requests waiting")
+            self._n_waiting += 1
+        loop = asyncio.get_running_loop()
+        out_q: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device=self.decoder.device)
+            gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        req = _Request(
+            id=request_id, prompt=list(prompt_ids), params=params,
+            emit=lambda o: loop.call_soon_threadsafe(out_q.put_nowait, o),
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop), generator=gen,
+            deadline=time.monotonic() + params.timeout_s if params.timeout_s else None,
+            spec=SpecStats() if self.decoder.spec else None,
+        )
+        self._inbox.put(req)
+        finished = False
+        try:
+            while True:
+                out = await out_q.get()
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            if not finished:  # client went away or was cancelled: free the slot
+                self._aborted.add(request_id)
+                self._inbox.put(None)
+
+    # -- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox(block=not self._active and not self._waiting)
+                self._drop_aborted()
+                self._admit()
+                if self._active:
+                    self._step()
+        except Exception as e:  # the engine is dead: fail everything fast, never hang
+            log.exception("engine thread died")
+            self.dead = f"engine failed: {type(e).__name__}: {e}"
+            for r in self._active + list(self._waiting):
+                r.emit(GenerationOutput(finish_reason="abort", error=self.dead,
+                                        prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
+            self._active.clear()
+            self._waiting.clear()
+            self._drain_inbox(block=False, fail=True)
+
+    def _drain_inbox(self, block: bool, fail: bool = False) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            while True:
+                if item is not None:
+                    if fail:
+                        item.emit(GenerationOutput(finish_reason="abort", error=self.dead))
+                    else:
+                        self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _drop_aborted(self) -> None:
+        if not self._aborted:
+            return
+        ids = set(self._aborted)
+        self._aborted -= ids
+        for r in [r for r in self._waiting if r.id in ids]:
+            self._waiting.remove(r)
+            self._left_queue()
+        for i in reversed([i for i, r in enumerate(self._active) if r.id in ids]):
+            self._release(i)
+
+    def _left_queue(self) -> None:
+        with self._lock:
+            self._n_waiting -= 1
+
+    def _admit(self) -> None:
+        dec = self.decoder
+        while self._waiting and len(self._active) < dec.max_batch:
+            r = self._waiting.popleft()
+            self._left_queue()
+            row = len(self._active)
+            self._active.append(r)
+            first = dec.prefill(row, r.prompt, self._sampling([r]))
+            self._consume(row, [first])
+            if r.finish_reason:
+                self._release(row)
+
+    def _step(self) -> None:
+        rows = len(self._active)
+        results = self.decoder.step(rows, self._sampling(self._active))
+        for row, res in enumerate(results):
+            r = self._active[row]
+            if r.spec is not None:
+                r.spec.record(res.proposed, res.accepted)
+            self._consume(row, res.tokens)
+        for row in reversed(range(rows)):
+            if self._active[row].finish_reason:
+                self._release(row)
+
+    def _sampling(self, reqs: list[_Request]) -> BatchSampling:
+        dev = self.decoder.device
+        return BatchSampling(
+            temperature=torch.tensor([0.0 if r.params.greedy else r.params.temperature for r in reqs], device=dev),
+            top_p=torch.tensor([r.params.top_p for r in reqs], device=dev),
+            top_k=torch.tensor([r.params.top_k for r in reqs], device=dev),
+            generators=[r.generator for r in reqs],
+        )
+
+    def _consume(self, row: int, tokens: list[int]) -> None:
+        """Apply new tokens one by one until a stop condition; emit one delta."""
+        r, p = self._active[row], self._active[row].params
+        new: list[int] = []
+        for t in tokens:
+            r.output.append(t)
+            new.append(t)
+            if not p.ignore_eos and t in self.eos_ids or t in p.stop_token_ids:
+                r.finish_reason = "stop"
+                break
+            r.detok.add(t)
+            if r.detok.stopped:
+                r.finish_reason = "stop"
+            elif len(r.output) >= p.max_tokens or len(r.prompt) + len(r.output) >= self.decoder.max_context:
+                r.finish_reason = "length"
+            if r.finish_reason:
+                break
+        if not r.finish_reason and r.deadline is not None and time.monotonic() > r.deadline:
+            r.finish_reason, r.error = "abort", "request timed out"
+        r.emit(GenerationOutput(
+            text=r.detok.take(final=r.finish_reason is not None), token_ids=new,
+            finish_reason=r.finish_reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
+            spec=r.spec if r.finish_reason else None, error=r.error,
+        ))
+
+    def _release(self, row: int) -> None:
+        last = len(self._active) - 1
+        if row != last:
+            self.decoder.move_row(last, row)
+            self._active[row] = self._active[last]
+        self._active.pop()

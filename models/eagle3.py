@@ -1,0 +1,95 @@
+"""The EAGLE-3 drafter: one Llama decoder layer over [embedding ; fused target hidden].
+
+fc fuses the concatenated aux hidden states (3 * H_target -> H). The layer's q/k/v read
+cat(input_layernorm(embed(token)), hidden_norm(hidden)) (2H wide); the residual stream is the
+hidden branch. The output hidden state (before the final norm) is fed back as the next
+step's hidden input. lm_head scores the draft vocabulary; `d2t` maps draft ids to target ids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from models.layers import Attention, AttnInputs, KVCache, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int] = field(default_factory=list)  # target layer OUTPUTS captured in training
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    num_aux: int = 3
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        h = c.hidden_size
+        self.input_layernorm = RMSNorm(h, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
+        self.self_attn = Attention(2 * h, c.num_attention_heads, c.num_key_value_heads, c.head_dim, h)
+        self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps)
+        self.mlp = SwiGLU(h, c.intermediate_size)
+
+    def forward(self, emb, hidden, cos, sin, inputs):
+        residual = hidden
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        x = residual + self.self_attn(x, cos, sin, inputs)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class DraftOutput:
+    logits: torch.Tensor   # [B, T, draft_vocab]
+    hidden: torch.Tensor   # [B, T, H], pre-norm, fed back as the next step's hidden input
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_tokens.weight.requires_grad_(False)  # frozen: the target's embedding
+        self.fc = nn.Linear(config.num_aux * config.target_hidden_size, h, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
+                             persistent=False)
+
+    def setup_cache(self, max_batch: int, max_len: int):
+        c, w = self.config, self.fc.weight
+        self.midlayer.self_attn.kv_cache = KVCache(max_batch, c.num_key_value_heads, max_len, c.head_dim,
+                                                   w.dtype, w.device)
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, inputs: AttnInputs | None = None,
+                positions: torch.Tensor | None = None) -> DraftOutput:
+        """tokens [B, T]; hidden [B, T, 3*H_target] (target aux states) or [B, T, H] (own output)."""
+        if hidden.shape[-1] != self.config.hidden_size:
+            hidden = self.fc(hidden)
+        if inputs is not None:
+            positions = inputs.positions
+        elif positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        emb = self.embed_tokens(tokens).to(hidden.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)
+        out = self.midlayer(emb, hidden, cos, sin, inputs)
+        return DraftOutput(logits=self.lm_head(self.norm(out)), hidden=out)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]

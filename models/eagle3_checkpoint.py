@@ -1,0 +1,132 @@
+"""The EAGLE-3 checkpoint format read by SGLang (`LlamaForCausalLMEagle3`) and vLLM.
+
+config.json is a one-layer Llama config with `draft_vocab_size` and `eagle_config`; the
+safetensors file holds `midlayer.*`, `fc`, `norm`, `lm_head`, `d2t`, `t2d` and no embedding
+(the frozen embedding comes from the target at load time). We also record, under
+`specserve`, which target layer OUTPUTS training captured, so serving can be checked.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from models.aux_layers import serving_ids_for
+from models.eagle3 import Eagle3Config, Eagle3Drafter
+from models.layers import rope_inv_freq
+from models.safetensors_io import load_state_dict, save_state_dict
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHT_NAMES = frozenset({
+    *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
+    *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+    *(f"midlayer.{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm")),
+    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+})
+
+
+def config_to_hf(c: Eagle3Config, serving_engine: str = "sglang-llama") -> dict:
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": c.rope_scaling,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": serving_ids_for(serving_engine, c.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+        "specserve": {"trained_aux_layer_outputs": c.aux_layer_ids, "serving_engine": serving_engine},
+    }
+
+
+def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
+    """Parse an EAGLE-3 config.json. Aux ids are turned into trained layer outputs."""
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+                           "draft_vocab_size") if k not in cfg]
+    if missing:
+        raise ValueError(f"{source}: missing keys {missing} for an EAGLE-3 drafter config")
+    heads = cfg["num_attention_heads"]
+    recorded = (cfg.get("specserve") or {}).get("trained_aux_layer_outputs")
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    # Without our record, assume the SGLang Llama convention (configured id == captured output).
+    aux = list(recorded if recorded is not None else (ids or []))
+    return Eagle3Config(
+        hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        vocab_size=cfg["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"] or cfg["vocab_size"],
+        target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+        aux_layer_ids=aux, rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=cfg.get("rope_theta", 10000.0), rope_scaling=cfg.get("rope_scaling"),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+    )
+
+
+def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16,
+                 serving_engine: str = "sglang-llama", extra: dict | None = None) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = config_to_hf(model.config, serving_engine)
+    if extra:
+        cfg["specserve"].update(extra)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    state = {k: v for k, v in model.state_dict().items() if k in WEIGHT_NAMES}
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    save_state_dict(state, path / WEIGHTS_FILE)
+
+
+def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, dtype=torch.float32,
+                 device="cpu") -> Eagle3Drafter:
+    """Load an EAGLE-3 checkpoint; `embed_tokens` is the target's embedding weight (frozen, shared)."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file}: missing drafter config.json")
+    cfg = json.loads(cfg_file.read_text())
+    if ARCHITECTURE not in (cfg.get("architectures") or []):
+        raise ValueError(f"{cfg_file}: architectures {cfg.get('architectures')} lacks {ARCHITECTURE!r}")
+    config = config_from_hf(cfg, str(cfg_file))
+    state = load_state_dict(path)
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    if "midlayer.self_attn.q_proj.weight" not in state and "layers.0.self_attn.q_proj.weight" in state:
+        state = {k.replace("layers.0.", "midlayer."): v for k, v in state.items()}
+    state.pop("embed_tokens.weight", None)
+    if "d2t" not in state:  # draft vocab == full vocab
+        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+        state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    unknown = set(state) - WEIGHT_NAMES
+    missing = WEIGHT_NAMES - set(state)
+    if unknown or missing:
+        raise ValueError(f"{path}: unexpected weights {sorted(unknown)}, missing weights {sorted(missing)}")
+    if embed_tokens is None:
+        embed_tokens = torch.zeros(config.vocab_size, config.hidden_size)
+    elif embed_tokens.shape != (config.vocab_size, config.hidden_size):
+        raise ValueError(f"{path}: drafter embedding shape {(config.vocab_size, config.hidden_size)} "
+                         f"does not fit the target embedding {tuple(embed_tokens.shape)}")
+    state["embed_tokens.weight"] = embed_tokens  # shared with the target, not copied
+    state["d2t"] = state["d2t"].long()
+    state["t2d"] = state["t2d"].bool()
+    with torch.device("meta"):
+        model = Eagle3Drafter(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.embed_tokens.weight.requires_grad_(False)
+    model.inv_freq = torch.empty(0)  # replaced below; meta buffers cannot move
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+    return model

@@ -1,0 +1,142 @@
+"""Llama building blocks with a static KV cache (gpt-fast style).
+
+Every attention call gets explicit cache write slots, RoPE positions and a boolean
+visibility mask, so the same code serves prefill, chain verification, tree verification
+and batched decoding: the caller decides what each query may see.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies for the RoPE variants Llama checkpoints use (default, linear, llama3)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv_freq.float()
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float()
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled).float()
+    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """cos/sin of shape [B, T, head_dim] for integer positions [B, T]."""
+    freqs = positions.unsqueeze(-1).float() * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, D] (HF's rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+@dataclass
+class AttnInputs:
+    """What one forward pass tells every attention layer.
+
+    positions: RoPE positions [B, T]; slots: cache positions written by each query token [B, T];
+    mask: which cache positions each query may attend to, [B, 1, T, S] bool, S <= cache length;
+    row_offset: batch element i uses cache row row_offset + i (active rows are contiguous).
+    """
+    positions: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+    row_offset: int = 0
+
+
+class KVCache(nn.Module):
+    """Static per-layer cache [max_batch, kv_heads, max_len, head_dim]; rows are batch slots."""
+
+    def __init__(self, max_batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (max_batch, kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, inputs: "AttnInputs"):
+        """Write k, v ([B, H, T, D]) at `inputs.slots`; return the first S positions of the B rows."""
+        b, off, span = k.shape[0], inputs.row_offset, inputs.mask.shape[-1]
+        rows = torch.arange(off, off + b, device=k.device).unsqueeze(1).expand_as(inputs.slots)
+        self.k[rows, :, inputs.slots] = k.transpose(1, 2)
+        self.v[rows, :, inputs.slots] = v.transpose(1, 2)
+        return self.k[off:off + b, :, :span], self.v[off:off + b, :, :span]
+
+    def copy_positions(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
+        """Move cache entries within rows: position src[i, j] -> dst[i, j] (tree compaction)."""
+        r = rows.unsqueeze(1).expand_as(src)
+        self.k[r, :, dst] = self.k[r, :, src]
+        self.v[r, :, dst] = self.v[r, :, src]
+
+    def copy_row(self, src: int, dst: int):
+        self.k[dst].copy_(self.k[src])
+        self.v[dst].copy_(self.v[src])
+
+
+class Attention(nn.Module):
+    def __init__(self, in_dim: int, heads: int, kv_heads: int, head_dim: int, out_dim: int, bias: bool = False):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, out_dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: torch.Tensor, cos, sin, inputs: AttnInputs | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is None or inputs is None:
+            # Cache-less causal attention (training, parity tests); mask given by caller or causal.
+            mask = inputs.mask if inputs is not None else None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                 enable_gqa=self.heads != self.kv_heads)
+        else:
+            k, v = self.kv_cache.update(k, v, inputs)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask,
+                                                 enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
