@@ -36,9 +36,9 @@ def probs_from_logits(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
         sorted_x, order = x.sort(dim=-1, descending=True)
         k = torch.where(s.top_k > 0, s.top_k, v).clamp_max(v).view(-1, 1, 1)
         ranks = torch.arange(v, device=x.device)
-        drop = ranks >= k
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        drop |= (cum - sorted_x.softmax(-1)) >= s.top_p.view(-1, 1, 1)  # keep the smallest set reaching top_p
+        sorted_p = sorted_x.softmax(-1)
+        before = sorted_p.cumsum(-1) - sorted_p  # probability mass ranked above each token
+        drop = (ranks >= k) | (before >= s.top_p.view(-1, 1, 1))  # smallest set reaching top_p, top k
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, order, sorted_x)
     probs = x.softmax(-1)

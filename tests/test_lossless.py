@@ -1,0 +1,170 @@
+"""Greedy speculative decoding is lossless: token for token the target-only greedy output.
+
+Checked at the decoder level for steps 1..8 with a random drafter (rejections everywhere)
+and a fitted drafter (long accepted runs), for chains and trees, prompt lengths and
+batches; and at the engine level for every stop condition that can fall inside an
+accepted draft run: EOS, stop token ids, max_tokens and stop strings.
+"""
+import asyncio
+import json
+import shutil
+
+import pytest
+import torch
+
+from engine.api import SamplingParams
+from engine.decoder import BatchDecoder, SpecConfig
+from engine.loading import NativeEngineArgs, build_engine
+from engine.sampling import BatchSampling
+from models.llama import load_target
+from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
+
+N_TOKENS = 40
+
+
+def greedy(rows: int = 1) -> BatchSampling:
+    return BatchSampling(torch.zeros(rows), torch.ones(rows), torch.zeros(rows, dtype=torch.long), [None] * rows)
+
+
+def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS):
+    """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists)."""
+    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512)
+    outs = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts)]
+    accepted = [[] for _ in prompts]
+    while min(len(o) for o in outs) < n:
+        for i, r in enumerate(dec.step(len(prompts), greedy(len(prompts)))):
+            outs[i] += r.tokens
+            accepted[i].append(r.accepted)
+    return [o[:n] for o in outs], accepted
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lossless")
+    target_dir = make_target_dir(root / "target", init_std=0.2)
+    target = load_target(target_dir)
+    prompts = [[int(t) for t in torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n))]
+               for n in (1, 7, 33)]
+    baseline = [decode(target, None, None, [p])[0][0] for p in prompts]
+    fitted = fit_drafter(target, random_drafter(target), [p + o for p, o in zip(prompts, baseline)],
+                         steps=300, lr=1e-2)
+    return dict(root=root, target_dir=target_dir, target=target, prompts=prompts, baseline=baseline,
+                drafters={"random": random_drafter(target, draft_vocab=256), "fitted": fitted})
+
+
+@pytest.mark.parametrize("steps", range(1, 9))
+@pytest.mark.parametrize("kind", ["random", "fitted"])
+def test_chain_is_lossless(models, steps, kind):
+    for prompt, expected in zip(models["prompts"], models["baseline"]):
+        out, acc = decode(models["target"], models["drafters"][kind], SpecConfig(steps), [prompt])
+        assert out[0] == expected
+    if kind == "fitted" and steps >= 3:
+        assert 1 + sum(acc[0]) / len(acc[0]) > 2.0  # long accepted runs really happened
+
+
+@pytest.mark.parametrize("steps,topk,tokens", [(2, 2, 4), (3, 4, 8), (5, 3, 10), (8, 2, 16)])
+@pytest.mark.parametrize("kind", ["random", "fitted"])
+def test_tree_is_lossless(models, steps, topk, tokens, kind):
+    for prompt, expected in zip(models["prompts"], models["baseline"]):
+        out, _ = decode(models["target"], models["drafters"][kind], SpecConfig(steps, topk, tokens), [prompt])
+        assert out[0] == expected
+
+
+def test_batched_rows_match_single_rows(models):
+    """Rows of different lengths decoded together give each row's solo output."""
+    out, _ = decode(models["target"], models["drafters"]["fitted"], SpecConfig(3), models["prompts"])
+    assert out == models["baseline"]
+
+
+# -- stop conditions inside accepted runs, through the engine -----------------------------------
+
+def run_engine(target_dir, draft_dir, steps, prompt, **params):
+    spec = SpecConfig(steps) if draft_dir else None
+    engine = build_engine(NativeEngineArgs(model=str(target_dir), draft=draft_dir and str(draft_dir), spec=spec,
+                                           device="cpu", max_context=512))
+
+    async def go():
+        await engine.start()
+        try:
+            ids, text, last = [], "", None
+            async for out in engine.generate("r", prompt, SamplingParams(temperature=0, **params)):
+                ids += out.token_ids
+                text += out.text
+                last = out
+            return ids, text, last
+        finally:
+            await engine.shutdown()
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def fitted_dir(models):
+    return export_drafter(models["drafters"]["fitted"], models["root"] / "fitted")
+
+
+def inner_run_token(models, steps=3):
+    """A token that the fitted drafter proposes and gets accepted with more accepted drafts after it."""
+    prompt = models["prompts"][2]
+    dec = BatchDecoder(models["target"], models["drafters"]["fitted"], SpecConfig(steps), 1, 512)
+    out = [dec.prefill(0, prompt, greedy())]
+    while len(out) < N_TOKENS:
+        r = dec.step(1, greedy())[0]
+        if r.accepted >= 2 and r.tokens[0] not in out:
+            return prompt, len(out), r.tokens[0]
+        out += r.tokens
+    pytest.fail("no accepted run of >= 2 drafts found")
+
+
+def test_stop_token_inside_accepted_run(models, fitted_dir):
+    prompt, pos, tok = inner_run_token(models)
+    ids, _, last = run_engine(models["target_dir"], fitted_dir, 3, prompt, max_tokens=N_TOKENS, stop_token_ids=[tok])
+    assert ids == models["baseline"][2][:pos + 1] and last.finish_reason == "stop"
+    assert run_engine(models["target_dir"], None, 0, prompt, max_tokens=N_TOKENS, stop_token_ids=[tok])[0] == ids
+
+
+def test_eos_inside_accepted_run(models, fitted_dir, tmp_path):
+    prompt, pos, tok = inner_run_token(models)
+    target_dir = tmp_path / "target_eos"
+    shutil.copytree(models["target_dir"], target_dir)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    cfg["eos_token_id"] = tok
+    (target_dir / "config.json").write_text(json.dumps(cfg))
+    ids, _, last = run_engine(target_dir, fitted_dir, 3, prompt, max_tokens=N_TOKENS)
+    assert ids == models["baseline"][2][:pos + 1] and last.finish_reason == "stop"
+    ids_ignored, _, last = run_engine(target_dir, fitted_dir, 3, prompt, max_tokens=N_TOKENS, ignore_eos=True)
+    assert ids_ignored == models["baseline"][2] and last.finish_reason == "length"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 8, 13, 21])
+def test_max_tokens_cuts_accepted_runs(models, fitted_dir, max_tokens):
+    prompt = models["prompts"][2]
+    ids, text, last = run_engine(models["target_dir"], fitted_dir, 4, prompt, max_tokens=max_tokens)
+    assert ids == models["baseline"][2][:max_tokens]
+    assert last.finish_reason == "length" and last.completion_tokens == max_tokens
+
+
+def test_stop_strings_match_baseline(models, fitted_dir):
+    prompt = models["prompts"][2]
+    _, full_text, _ = run_engine(models["target_dir"], None, 0, prompt, max_tokens=N_TOKENS)
+    assert len(full_text) > 12
+    for start in (3, len(full_text) // 2, len(full_text) - 5):
+        stop = full_text[start:start + 3]
+        ids, text, last = run_engine(models["target_dir"], fitted_dir, 3, prompt, max_tokens=N_TOKENS, stop=[stop])
+        assert text == full_text[:full_text.index(stop)] and last.finish_reason == "stop"
+        assert run_engine(models["target_dir"], None, 0, prompt, max_tokens=N_TOKENS, stop=[stop])[:2] == (ids, text)
+
+
+def test_context_limit_inside_accepted_run(models, fitted_dir):
+    prompt = models["prompts"][2]
+    spec = build_engine(NativeEngineArgs(model=str(models["target_dir"]), draft=str(fitted_dir), spec=SpecConfig(4),
+                                         device="cpu", max_context=len(prompt) + 11))
+
+    async def go():
+        await spec.start()
+        ids = []
+        async for out in spec.generate("r", prompt, SamplingParams(temperature=0, max_tokens=100)):
+            ids += out.token_ids
+        await spec.shutdown()
+        return ids, out.finish_reason
+    ids, reason = asyncio.run(go())
+    assert ids == models["baseline"][2][:11] and reason == "length"

@@ -1,0 +1,69 @@
+"""The target model matches transformers.LlamaForCausalLM and captures the right aux layers."""
+import pytest
+import torch
+from transformers import LlamaConfig as HFConfig
+from transformers import LlamaForCausalLM
+
+from models.llama import load_target
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf_llama")
+    torch.manual_seed(0)
+    cfg = HFConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=6,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+                   rope_theta=5000.0)
+    hf = LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(path)
+    return hf, path
+
+
+def test_logits_match_transformers_fp32(hf_pair):
+    hf, path = hf_pair
+    ours = load_target(path)
+    tokens = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        out = ours(tokens).logits
+    assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4), (out - ref).abs().max()
+
+
+# The last layer is left out: HF applies the final norm to hidden_states[L].
+@pytest.mark.parametrize("ids", [[0, 2, 4], [1, 2, 3], [4, 1, 3]])
+def test_aux_ids_are_layer_outputs(hf_pair, ids):
+    """ids [a, b, c] return the outputs of layers a, b, c (HF hidden_states[i + 1]), in that order."""
+    hf, path = hf_pair
+    ours = load_target(path, aux_layer_ids=ids)
+    tokens = torch.randint(0, 300, (1, 16))
+    with torch.no_grad():
+        states = hf(tokens, output_hidden_states=True).hidden_states
+        aux = ours(tokens, capture_aux=True).aux_hidden
+    expected = torch.cat([states[i + 1] for i in ids], dim=-1)
+    assert torch.allclose(aux, expected, atol=1e-5)
+
+
+def test_default_aux_ids():
+    from models.aux_layers import default_aux_layer_ids
+    assert default_aux_layer_ids(8) == [1, 3, 4]
+    assert default_aux_layer_ids(61) == [1, 29, 57]
+
+
+def test_cached_decoding_matches_full_forward(hf_pair):
+    """Prefill + one-token steps through the static cache give the full-sequence logits."""
+    from engine.masks import block_inputs, causal
+    _, path = hf_pair
+    ours = load_target(path)
+    ours.setup_cache(max_batch=1, max_len=64)
+    tokens = torch.randint(0, 300, (1, 20))
+    with torch.no_grad():
+        full = ours(tokens).logits
+        zero = torch.zeros(1, dtype=torch.long)
+        pre = ours(tokens[:, :12], block_inputs(zero, causal(1, 12, "cpu"), torch.arange(12).unsqueeze(0), 64)).logits
+        steps = [ours(tokens[:, i:i + 1], block_inputs(torch.tensor([i]), torch.ones(1, 1, 1, dtype=torch.bool),
+                                                        torch.zeros(1, 1, dtype=torch.long), 64)).logits
+                 for i in range(12, 20)]
+    assert torch.allclose(pre, full[:, :12], atol=1e-5)
+    assert torch.allclose(torch.cat(steps, 1), full[:, 12:], atol=1e-5)
