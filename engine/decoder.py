@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
+from engine.greedy_cycle import chain_greedy, plain_greedy
 from engine.masks import block_inputs, causal
 from engine.sampling import BatchSampling, probs_from_logits, sample
 from engine.verify import accept
@@ -54,26 +56,37 @@ class StepResult:
 
 class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
-                 max_batch: int, max_context: int, span_multiple: int = 64):
+                 max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
+                 fast_greedy: bool = True):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
         self.span_multiple = span_multiple
+        self.fast_greedy = fast_greedy
         self.device = target.embed_tokens.weight.device
         target.setup_cache(max_batch, self.cache_len)
         if self.spec:
             drafter.setup_cache(max_batch, self.cache_len)
         self.lens = [0] * max_batch                                   # committed target cache length
+        self.lens_dev = torch.zeros(max_batch, dtype=torch.long, device=self.device)  # its device copy
         self.pending = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         if self.spec:
             h = drafter.config.hidden_size
             dtype = drafter.fc.weight.dtype
             self.draft_logits = torch.zeros(max_batch, drafter.config.draft_vocab_size, dtype=dtype, device=self.device)
             self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
+        self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
+
+    def _graph_state(self) -> list[torch.Tensor]:
+        extra = [self.draft_logits, self.draft_hidden] if self.spec else []
+        return [self.lens_dev, self.pending, *extra]
 
     # -- helpers ---------------------------------------------------------------------------
     def _span(self, rows: int, extra: int) -> int:
+        """Attention width: enough for every row, rounded (powers of two when graphs are captured)."""
         need = max(self.lens[:rows]) + extra
+        if self.graphs.enabled:
+            return min(self.cache_len, max(256, 1 << (need - 1).bit_length()))
         m = self.span_multiple
         return min(self.cache_len, -(-need // m) * m)
 
@@ -105,7 +118,23 @@ class BatchDecoder:
     # -- decode steps ------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
+        if self.fast_greedy and sampling.all_greedy and (self.spec is None or self.spec.topk == 1):
+            return self._greedy_step(rows)
         return self._spec_step(rows, sampling) if self.spec else self._plain_step(rows, sampling)
+
+    def _greedy_step(self, rows: int) -> list[StepResult]:
+        """Device-side step (engine/greedy_cycle.py), one host read; a CUDA graph on GPU."""
+        kind, fn = ("chain", chain_greedy) if self.spec else ("plain", plain_greedy)
+        span = self._span(rows, self.spec.headroom if self.spec else 1)
+        self.lens_dev[:rows].copy_(torch.tensor(self.lens[:rows]), non_blocking=True)
+        tokens, counts = self.graphs.run((kind, rows, span), lambda: fn(self, rows, span))
+        tokens, counts = tokens.tolist(), counts.tolist()
+        results = []
+        for b in range(rows):
+            self.lens[b] += counts[b]
+            results.append(StepResult(tokens[b][:counts[b]], proposed=self.spec.steps if self.spec else 0,
+                                      accepted=counts[b] - 1 if self.spec else 0))
+        return results
 
     def _plain_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
         base = self._lens(rows)

@@ -26,9 +26,13 @@ def greedy(rows: int = 1) -> BatchSampling:
     return BatchSampling(torch.zeros(rows), torch.ones(rows), torch.zeros(rows, dtype=torch.long), [None] * rows)
 
 
-def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS):
-    """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists)."""
-    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512)
+def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS, fast: bool = True):
+    """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists).
+
+    fast: the device-side greedy step (engine/greedy_cycle.py); else the general path that
+    also serves sampling and trees.
+    """
+    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512, fast_greedy=fast)
     outs = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts)]
     accepted = [[] for _ in prompts]
     while min(len(o) for o in outs) < n:
@@ -45,18 +49,20 @@ def models(tmp_path_factory):
     target = load_target(target_dir)
     prompts = [[int(t) for t in torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n))]
                for n in (1, 7, 33)]
-    baseline = [decode(target, None, None, [p])[0][0] for p in prompts]
+    baseline = [decode(target, None, None, [p], fast=False)[0][0] for p in prompts]
+    assert baseline == [decode(target, None, None, [p])[0][0] for p in prompts]
     fitted = fit_drafter(target, random_drafter(target), [p + o for p, o in zip(prompts, baseline)],
                          steps=300, lr=1e-2)
     return dict(root=root, target_dir=target_dir, target=target, prompts=prompts, baseline=baseline,
                 drafters={"random": random_drafter(target, draft_vocab=256), "fitted": fitted})
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["device-step", "general-step"])
 @pytest.mark.parametrize("steps", range(1, 9))
 @pytest.mark.parametrize("kind", ["random", "fitted"])
-def test_chain_is_lossless(models, steps, kind):
+def test_chain_is_lossless(models, steps, kind, fast):
     for prompt, expected in zip(models["prompts"], models["baseline"]):
-        out, acc = decode(models["target"], models["drafters"][kind], SpecConfig(steps), [prompt])
+        out, acc = decode(models["target"], models["drafters"][kind], SpecConfig(steps), [prompt], fast=fast)
         assert out[0] == expected
     if kind == "fitted" and steps >= 3:
         assert 1 + sum(acc[0]) / len(acc[0]) > 2.0  # long accepted runs really happened
@@ -70,9 +76,10 @@ def test_tree_is_lossless(models, steps, topk, tokens, kind):
         assert out[0] == expected
 
 
-def test_batched_rows_match_single_rows(models):
+@pytest.mark.parametrize("fast", [True, False], ids=["device-step", "general-step"])
+def test_batched_rows_match_single_rows(models, fast):
     """Rows of different lengths decoded together give each row's solo output."""
-    out, _ = decode(models["target"], models["drafters"]["fitted"], SpecConfig(3), models["prompts"])
+    out, _ = decode(models["target"], models["drafters"]["fitted"], SpecConfig(3), models["prompts"], fast=fast)
     assert out == models["baseline"]
 
 

@@ -1,0 +1,111 @@
+"""Decode speed of the native engine with and without speculation, side by side in one run.
+
+Batch 1, greedy, the same prompts for every setting; warm-up first, device synchronised,
+median over repeats. Prints a table and optionally writes JSON.
+
+  python -m benchmarks.engine_speed --model shipped/target --draft shipped/drafter --steps 0,1,2,3,4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from engine.decoder import BatchDecoder, SpecConfig
+from engine.loading import NativeEngineArgs, load_models, load_tokenizer
+from engine.sampling import BatchSampling
+
+
+def greedy(device) -> BatchSampling:
+    return BatchSampling(torch.zeros(1, device=device), torch.ones(1, device=device),
+                         torch.zeros(1, dtype=torch.long, device=device), [None])
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int) -> tuple[int, int, float]:
+    """Returns (tokens, verify steps, decode seconds excluding prefill)."""
+    s = greedy(decoder.device)
+    decoder.prefill(0, prompt, s)
+    sync(decoder.device)
+    t0, tokens, steps = time.perf_counter(), 1, 0
+    while tokens < max_tokens:
+        tokens += len(decoder.step(1, s)[0].tokens)
+        steps += 1
+    sync(decoder.device)
+    return tokens, steps, time.perf_counter() - t0
+
+
+def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context) -> dict:
+    decoder = BatchDecoder(target, drafter if spec else None, spec, 1, max_context)
+    decode_once(decoder, prompts[0], min(max_tokens, 32))  # warm-up (and graph capture)
+    rates, accept = [], []
+    for _ in range(repeats):
+        for p in prompts:
+            n, steps, secs = decode_once(decoder, p, max_tokens)
+            rates.append((n - 1) / secs)
+            accept.append(n / steps if steps else 1.0)
+    return {"tok_per_s": statistics.median(rates), "accept_length": statistics.mean(accept)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--steps", default="0,1,2,3,4", help="comma list; 0 = no speculation")
+    ap.add_argument("--topk", type=int, default=1)
+    ap.add_argument("--draft-tokens", type=int, default=0)
+    ap.add_argument("--prompts", help="JSONL of {messages: [...]} (chat) or {prompt: str}")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args(argv)
+
+    steps = [int(s) for s in args.steps.split(",")]
+    spec_any = SpecConfig(max(steps), args.topk, args.draft_tokens if args.topk > 1 else 0) if max(steps) else None
+    target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=spec_any,
+                                                           device=args.device, dtype=args.dtype))
+    tok = load_tokenizer(args.model)
+    prompts = load_prompts(args.prompts, tok, args.num_prompts)
+    rows = []
+    for s in steps:
+        spec = SpecConfig(s, args.topk, args.draft_tokens if args.topk > 1 else 0) if s else None
+        r = measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context)
+        rows.append({"steps": s, "topk": args.topk if s else 0, **r})
+    base = rows[0]["tok_per_s"] if steps[0] == 0 else None
+    print(f"device={device} dtype={target.embed_tokens.weight.dtype} model={args.model} draft={args.draft}")
+    print(f"{'steps':>5} {'tok/s':>9} {'accept':>7} {'speedup':>8}")
+    for r in rows:
+        r["speedup"] = r["tok_per_s"] / base if base else None
+        sp = f"{r['speedup']:.2f}x" if base else "-"
+        print(f"{r['steps']:>5} {r['tok_per_s']:>9.1f} {r['accept_length']:>7.2f} {sp:>8}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": str(device), "args": vars(args), "rows": rows}, indent=2))
+
+
+def load_prompts(path: str | None, tok, n: int) -> list[list[int]]:
+    if path is None:
+        texts = [[{"role": "user", "content": f"Write a Python function number {i} that parses a config file."}]
+                 for i in range(n)]
+    else:
+        texts = []
+        for line in Path(path).read_text().splitlines()[:n]:
+            rec = json.loads(line)
+            texts.append(rec.get("messages") or rec["prompt"])
+    return [tok.apply_chat_template(t, add_generation_prompt=True, tokenize=True, return_dict=False)
+            if isinstance(t, list) else tok.encode(t) for t in texts]
+
+
+if __name__ == "__main__":
+    main()
