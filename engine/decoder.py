@@ -57,7 +57,7 @@ class StepResult:
 class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
-                 fast_greedy: bool = True):
+                 fast_greedy: bool = True, compile: bool = False):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -76,6 +76,14 @@ class BatchDecoder:
             self.draft_logits = torch.zeros(max_batch, drafter.config.draft_vocab_size, dtype=dtype, device=self.device)
             self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
+        # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step; with
+        # it the attention span is fixed to the cache length so each batch size compiles once.
+        self.compiled = compile and self.device.type == "cuda"
+        self._fns = {"plain": plain_greedy, "chain": chain_greedy}
+        if self.compiled:
+            import torch._dynamo as dynamo
+            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
+            self._fns = {k: torch.compile(f, dynamic=False) for k, f in self._fns.items()}
 
     def _graph_state(self) -> list[torch.Tensor]:
         extra = [self.draft_logits, self.draft_hidden] if self.spec else []
@@ -85,6 +93,8 @@ class BatchDecoder:
     def _span(self, rows: int, extra: int) -> int:
         """Attention width: enough for every row, rounded (powers of two when graphs are captured)."""
         need = max(self.lens[:rows]) + extra
+        if self.compiled:
+            return self.cache_len
         if self.graphs.enabled:
             return min(self.cache_len, max(256, 1 << (need - 1).bit_length()))
         m = self.span_multiple
@@ -124,11 +134,15 @@ class BatchDecoder:
 
     def _greedy_step(self, rows: int) -> list[StepResult]:
         """Device-side step (engine/greedy_cycle.py), one host read; a CUDA graph on GPU."""
-        kind, fn = ("chain", chain_greedy) if self.spec else ("plain", plain_greedy)
+        kind = "chain" if self.spec else "plain"
+        fn = self._fns[kind]
         span = self._span(rows, self.spec.headroom if self.spec else 1)
-        self.lens_dev[:rows].copy_(torch.tensor(self.lens[:rows]), non_blocking=True)
-        tokens, counts = self.graphs.run((kind, rows, span), lambda: fn(self, rows, span))
-        tokens, counts = tokens.tolist(), counts.tolist()
+        # Graphs run a power-of-two number of rows; the extra rows are free cache rows at length 0.
+        padded = min(self.max_batch, 1 << (rows - 1).bit_length()) if self.graphs.enabled else rows
+        lens = self.lens[:rows] + [0] * (padded - rows)
+        self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
+        tokens, counts = self.graphs.run((kind, padded, span), lambda: fn(self, padded, span))
+        tokens, counts = tokens[:rows].tolist(), counts[:rows].tolist()
         results = []
         for b in range(rows):
             self.lens[b] += counts[b]
