@@ -1,0 +1,1 @@
+"""Launch profiles and the `specserve` entry point (launch/serve.sh wraps launch.cli)."""

@@ -1,0 +1,215 @@
+"""`specserve` / `launch/serve.sh`: resolve a profile, print it, export its environment, check
+the drafter against the target, then serve (or, with --dry-run, stop after printing).
+
+Exit codes: 0 served and drained (SIGTERM included) or dry run; 2 bad profile, override or
+model pair; 1 the server failed.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shlex
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from launch.auto_steps import best_setting
+from launch.pair_check import PairMismatch, check_pair_configs
+from launch.profiles import Launch, Overrides, ProfileError, available_profiles, resolve
+
+NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="specserve", description="Serve an LLM with EAGLE-3 speculative decoding from a launch profile.",
+        epilog=f"built-in profiles: {', '.join(available_profiles())}")
+    ap.add_argument("--profile", help="profile name or path to a .toml file (default: cpu-default without a "
+                                      "GPU, h200-native with one; or $SPECSERVE_PROFILE)")
+    ap.add_argument("--steps", type=_steps, help="speculative steps, or 'auto' (best of a step sweep)")
+    ap.add_argument("--topk", type=int, help="draft tree branching (1: chain)")
+    ap.add_argument("--draft-tokens", type=int, help="draft tokens verified per step (topk 1: steps + 1)")
+    ap.add_argument("--no-spec", action="store_true", help="serve the target alone")
+    ap.add_argument("--model", help="target model directory (overrides the profile)")
+    ap.add_argument("--draft", help="EAGLE-3 drafter directory (overrides the profile)")
+    ap.add_argument("--served-model-name", help="model name reported by /v1/models")
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--api-key", help="require this bearer token (default: $SPECSERVE_API_KEY)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the resolved configuration, environment and engine arguments, then exit")
+    return ap
+
+
+def _steps(v: str):
+    if v == "auto":
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {v!r}") from None
+
+
+def default_profile(environ) -> tuple[str, str]:
+    if environ.get("SPECSERVE_PROFILE"):
+        return environ["SPECSERVE_PROFILE"], "profile from $SPECSERVE_PROFILE"
+    import torch
+    if torch.cuda.is_available():
+        return "h200-native", "no --profile: a GPU is visible, using h200-native"
+    return "cpu-default", "no --profile and no GPU: using cpu-default"
+
+
+@dataclass
+class Plan:
+    """What will run: the engine's arguments, and for SGLang the same as a command line."""
+    kind: str                       # native | sglang | sglang-follower
+    native_args: object = None
+    sglang_kwargs: dict = field(default_factory=dict)
+    sglang_argv: list[str] = field(default_factory=list)
+
+
+def make_plan(launch: Launch) -> Plan:
+    from launch.engine_args import native_engine_args, sglang_cli, sglang_server_args
+
+    p = launch.profile
+    if p.engine == "native":
+        return Plan("native", native_args=native_engine_args(p))
+    kw = sglang_server_args(p)
+    kind = "sglang-follower" if p.parallel.node_rank > 0 else "sglang"
+    return Plan(kind, sglang_kwargs=kw, sglang_argv=sglang_cli(kw))
+
+
+def describe(launch: Launch) -> str:
+    p = launch.profile
+    s, par, srv = p.speculative, p.parallel, p.server
+    spec = (f"EAGLE3 steps {s.steps}, topk {s.topk}, draft tokens {s.draft_tokens}" if p.spec_enabled
+            else "off")
+    lines = [f"specserve: profile {p.name} ({p.source})"]
+    if p.description:
+        lines.append(f"  {p.description}")
+    lines += [
+        f"  engine       {p.engine}",
+        f"  model        {p.model.path}",
+        f"  draft        {p.model.draft or '-'}",
+        f"  speculative  {spec}",
+        f"  parallel     tp {par.tp}, nnodes {par.nnodes}, node rank {par.node_rank}"
+        + (f", dist init {par.dist_init_addr}" if par.nnodes > 1 else ""),
+        f"  server       {srv.host}:{srv.port}, model name {srv.served_model_name or os.path.basename(p.model.path)}, "
+        f"api key {'set' if launch.api_key else 'none'}",
+    ]
+    if p.engine == "native":
+        n = p.native
+        lines.append(f"  native       device {n.device}, dtype {n.dtype}, max batch {n.max_batch}")
+    lines.append("environment:" if launch.env else "environment: (none from the profile)")
+    lines += [f"  {k}={v}    ({launch.env_origin[k]})" for k, v in launch.env.items()]
+    lines += [f"note: {n}" for n in launch.notes]
+    return "\n".join(lines)
+
+
+def describe_plan(plan: Plan) -> str:
+    if plan.kind == "native":
+        return f"native engine arguments: {plan.native_args}"
+    argv = shlex.join(plan.sglang_argv)
+    if plan.kind == "sglang-follower":
+        return ("SGLang follower node (no HTTP front-end); runs:\n"
+                f"  {shlex.join([sys.executable, '-m', 'sglang.launch_server'])} {argv}")
+    return f"sglang arguments (in-process sglang.Engine, same as the command line):\n  {argv}"
+
+
+def launch_info(launch: Launch) -> dict[str, str]:
+    """Labels for specserve_launch_info: the effective profile, parameters and NCCL settings."""
+    p = launch.profile
+    s = p.speculative
+    info = {"profile": p.name, "engine": p.engine, "model": p.server.served_model_name or os.path.basename(p.model.path),
+            "draft": os.path.basename(p.model.draft or "") if p.spec_enabled else "",
+            "steps": str(s.steps if p.spec_enabled else 0), "topk": str(s.topk if p.spec_enabled else 0),
+            "draft_tokens": str(s.draft_tokens if p.spec_enabled else 0), "tp": str(p.parallel.tp),
+            "nnodes": str(p.parallel.nnodes)}
+    info.update({k.lower(): launch.env.get(k, os.environ.get(k, "")) for k in NCCL_LABELS})
+    return info
+
+
+def check_pair(launch: Launch, dry_run: bool) -> str:
+    p = launch.profile
+    if not p.spec_enabled:
+        return "pair check: speculation off"
+    local = os.path.isdir(p.model.path) and os.path.isdir(p.model.draft)
+    if not local and (dry_run or p.engine == "sglang"):
+        return f"pair check: skipped ({p.model.path} or {p.model.draft} is not a local directory here)"
+    return "pair check: " + check_pair_configs(p.model.path, p.model.draft, p.engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        name, why = (args.profile, None) if args.profile else default_profile(os.environ)
+        notes = [why] if why else []
+        overrides = Overrides(
+            steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, no_spec=args.no_spec,
+            model=args.model, draft=args.draft, served_model_name=args.served_model_name,
+            host=args.host, port=args.port, api_key=args.api_key)
+        if args.steps == "auto":
+            overrides.steps = None
+            choice, msg = best_setting(os.path.splitext(os.path.basename(name))[0])
+            notes.append(msg)
+            if choice is not None and choice.steps == 0:
+                overrides.no_spec = True
+            elif choice is not None:  # an explicit --topk / --draft-tokens still wins
+                overrides.steps = choice.steps
+                if args.topk is None and args.draft_tokens is None:
+                    overrides.topk, overrides.draft_tokens = choice.topk, choice.draft_tokens
+        launch = resolve(name, overrides)
+        launch.notes[:0] = notes
+    except ProfileError as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    os.environ.update(launch.env)  # before any engine process (SGLang's schedulers, NCCL) starts
+    print(describe(launch), flush=True)
+    try:
+        print(check_pair(launch, args.dry_run), flush=True)
+        plan = make_plan(launch)
+    except (ProfileError, PairMismatch, FileNotFoundError) as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    print(describe_plan(plan), flush=True)
+    if args.dry_run:
+        return 0
+    return run(launch, plan)
+
+
+def run(launch: Launch, plan: Plan) -> int:
+    p = launch.profile
+    if plan.kind.startswith("sglang") and importlib.util.find_spec("sglang") is None:
+        from server.engines.sglang_engine import SGLANG_MISSING
+        print(f"specserve: error: {SGLANG_MISSING}", file=sys.stderr)
+        return 2
+    if plan.kind == "sglang-follower":
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv])
+    if plan.kind == "native":
+        from engine.loading import build_engine
+        engine = build_engine(plan.native_args)
+    else:
+        from server.engines.sglang_engine import SGLangEngine
+        engine = SGLangEngine(plan.sglang_kwargs, served_model_name=p.server.served_model_name)
+    from server.main import serve
+
+    # uvicorn drains on SIGTERM, restores the handler it found and re-raises the signal: make
+    # that one a clean exit (0) instead of death by signal (143).
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        serve(engine, host=p.server.host, port=p.server.port, api_key=launch.api_key,
+              served_model_name=p.server.served_model_name, launch_info=launch_info(launch),
+              log_level=p.server.log_level)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""The last stage of profile resolution: a validated Profile -> engine arguments.
+
+`sglang_server_args` is the ONE function that knows SGLang's argument names; the in-process
+engine gets its result as `sglang.Engine(**kwargs)`, and `--dry-run`, follower nodes and the
+CI parser test get the same dict as a command line through `sglang_cli`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from launch.profiles import Profile, ProfileError
+
+
+def sglang_server_args(p: Profile) -> dict:
+    """sglang ServerArgs keyword arguments (field names of sglang 0.5.23's ServerArgs)."""
+    kw: dict = {"model_path": p.model.path, "tp_size": p.parallel.tp}
+    if p.server.served_model_name:
+        kw["served_model_name"] = p.server.served_model_name
+    if p.parallel.nnodes > 1:
+        kw.update(nnodes=p.parallel.nnodes, node_rank=p.parallel.node_rank,
+                  dist_init_addr=p.parallel.dist_init_addr)
+    if p.spec_enabled:
+        s = p.speculative
+        # SGLang wants steps, topk and draft tokens set together (DESIGN §3).
+        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=p.model.draft,
+                  speculative_num_steps=s.steps, speculative_eagle_topk=s.topk,
+                  speculative_num_draft_tokens=s.draft_tokens)
+    g = p.sglang
+    optional = {"mem_fraction_static": g.mem_fraction_static,
+                "cuda_graph_max_bs_decode": g.cuda_graph_max_bs_decode,
+                "context_length": g.context_length, "max_running_requests": g.max_running_requests}
+    kw.update({k: v for k, v in optional.items() if v is not None})
+    if g.dtype != "auto":
+        kw["dtype"] = g.dtype
+    if g.trust_remote_code:
+        kw["trust_remote_code"] = True
+    kw.update(g.extra)
+    return kw
+
+
+def sglang_cli(kwargs: dict) -> list[str]:
+    """The same arguments as SGLang's command line (`python -m sglang.launch_server ...`)."""
+    argv: list[str] = []
+    for k, v in kwargs.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            if v:
+                argv.append(flag)
+        elif isinstance(v, (list, tuple)):
+            argv += [flag, *map(str, v)]
+        elif isinstance(v, dict):
+            argv += [flag, json.dumps(v)]
+        else:
+            argv += [flag, str(v)]
+    return argv
+
+
+def native_engine_args(p: Profile):
+    """engine.loading.NativeEngineArgs for the native engine."""
+    from engine.decoder import SpecConfig
+    from engine.loading import NativeEngineArgs
+
+    s = p.speculative
+    kw = dict(model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
+              spec=SpecConfig(s.steps, s.topk, s.draft_tokens) if p.spec_enabled else None,
+              device=p.native.device, dtype=p.native.dtype, max_batch=p.native.max_batch,
+              max_context=p.native.max_context, max_waiting=p.native.max_waiting,
+              served_model_name=p.server.served_model_name)
+    if p.parallel.tp > 1:
+        if "tp" not in {f.name for f in dataclasses.fields(NativeEngineArgs)}:
+            raise ProfileError(f"{p.source}: parallel.tp: the native engine does not implement tensor "
+                               f"parallelism yet (engine.loading.NativeEngineArgs has no tp); use tp = 1 "
+                               f"or an SGLang profile")
+        kw["tp"] = p.parallel.tp
+    return NativeEngineArgs(**kw)

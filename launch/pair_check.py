@@ -1,0 +1,85 @@
+"""Start-up check that a drafter fits its target, from the two config.json files only.
+
+No weights are loaded, so it runs before any engine process starts and works for SGLang
+profiles (whose weights this process never sees). The size checks are engine.loading.check_pair's
+own; the aux-layer check asks models.aux_layers what the serving engine captures for the
+drafter's configured ids and compares it with the layer outputs training captured.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+DEEPSEEK_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
+                  "KimiVLForConditionalGeneration")
+
+
+class PairMismatch(ValueError):
+    """The drafter does not fit the target; the message names both values and the files."""
+
+
+@dataclass
+class TargetShape:
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    architectures: list[str]
+
+
+def read_config(path: str) -> dict:
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f}: not found (expected a Hugging Face model directory)")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise PairMismatch(f"{f}: not valid JSON ({e})") from e
+
+
+def target_shape(cfg: dict, source: str) -> TargetShape:
+    """Llama-family and DeepSeek/Kimi configs; multimodal ones keep the LM under text_config."""
+    text = cfg.get("text_config") or cfg
+    missing = [k for k in ("hidden_size", "vocab_size", "num_hidden_layers") if k not in text]
+    if missing:
+        raise PairMismatch(f"{source}: missing {missing} in the target config")
+    return TargetShape(text["hidden_size"], text["vocab_size"], text["num_hidden_layers"],
+                       list(cfg.get("architectures") or text.get("architectures") or []))
+
+
+def sglang_convention(archs: list[str]) -> str:
+    return "sglang-deepseek" if any(a in DEEPSEEK_ARCHS for a in archs) else "sglang-llama"
+
+
+def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
+    """Raise PairMismatch when the drafter does not fit; return a one-line summary when it does."""
+    from engine.loading import check_pair
+    from models.aux_layers import captured_layer_outputs
+    from models.eagle3_checkpoint import config_from_hf
+
+    t_file, d_file = Path(model_path) / "config.json", Path(draft_path) / "config.json"
+    t_cfg, d_cfg = read_config(model_path), read_config(draft_path)
+    t = target_shape(t_cfg, str(t_file))
+    try:
+        d = config_from_hf(d_cfg, str(d_file))
+    except ValueError as e:
+        raise PairMismatch(str(e)) from e
+    try:
+        check_pair(SimpleNamespace(config=t), SimpleNamespace(config=d), draft_path)
+    except ValueError as e:
+        raise PairMismatch(f"{e} (target: {t_file})") from e
+    summary = (f"drafter fits target: hidden {t.hidden_size}, vocab {t.vocab_size}, "
+               f"aux layer outputs {d.aux_layer_ids} of {t.num_hidden_layers} layers")
+    if engine != "sglang":
+        return summary
+    conv = sglang_convention(t.architectures)
+    configured = (d_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    trained = (d_cfg.get("specserve") or {}).get("trained_aux_layer_outputs")
+    captured = captured_layer_outputs(conv, configured, t.num_hidden_layers)
+    if trained is not None and list(captured) != list(trained):
+        raise PairMismatch(
+            f"{d_file}: eagle_aux_hidden_state_layer_ids {configured} make SGLang ({conv}, target "
+            f"{t_file}) capture the outputs of layers {captured}, but the drafter was trained on the "
+            f"outputs of layers {trained}; re-export the drafter for {conv}")
+    return summary + f"; SGLang ({conv}) captures outputs of layers {captured}"

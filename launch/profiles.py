@@ -1,0 +1,433 @@
+"""Launch profiles — the ONE place that loads and resolves them.
+
+Resolution order: profile file (TOML) -> command-line overrides -> environment (`${VAR}` /
+`${VAR:-default}` in string values, SPECSERVE_API_KEY, variables already exported win over
+the profile's [env]) -> a validated `Profile` -> engine arguments (launch/engine_args.py).
+Every error names the file (or the flag / variable) and the field, so a bad profile stops the
+launch before any engine process starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROJECT_ROOT = PROFILE_DIR.parent.parent
+ENGINES = ("native", "sglang")
+NATIVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
+
+
+class ProfileError(ValueError):
+    """A profile (or an override of it) is invalid; the message names file and field."""
+
+
+# -- the schema: one dataclass per TOML table ------------------------------------------------
+@dataclass
+class ModelSection:
+    path: str = ""
+    draft: str | None = None
+
+
+@dataclass
+class ParallelSection:
+    tp: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+
+
+@dataclass
+class SpeculativeSection:
+    enabled: bool = True
+    steps: int = 3
+    topk: int = 1
+    draft_tokens: int = 0  # 0: steps + 1 (chain)
+
+
+@dataclass
+class ServerSection:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+
+@dataclass
+class NativeSection:
+    device: str = "auto"        # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"
+    max_batch: int = 16
+    max_context: int = 0        # 0: the model's max_position_embeddings
+    max_waiting: int = 256
+
+
+@dataclass
+class SGLangSection:
+    mem_fraction_static: float | None = None
+    cuda_graph_max_bs_decode: int | None = None
+    dtype: str = "auto"
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    trust_remote_code: bool = False
+    extra: dict = field(default_factory=dict)  # further sglang ServerArgs fields, passed as given
+
+
+@dataclass
+class Profile:
+    name: str
+    source: str
+    description: str = ""
+    engine: str = "native"
+    model: ModelSection = field(default_factory=ModelSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    speculative: SpeculativeSection = field(default_factory=SpeculativeSection)
+    env: dict = field(default_factory=dict)
+    server: ServerSection = field(default_factory=ServerSection)
+    native: NativeSection = field(default_factory=NativeSection)
+    sglang: SGLangSection = field(default_factory=SGLangSection)
+
+    @property
+    def spec_enabled(self) -> bool:
+        return self.speculative.enabled and bool(self.model.draft)
+
+
+_SECTIONS = {"model": ModelSection, "parallel": ParallelSection, "speculative": SpeculativeSection,
+             "server": ServerSection, "native": NativeSection, "sglang": SGLangSection}
+_TOP_SCALARS = {"description": str, "engine": str}
+
+
+# -- overrides and the resolved launch ---------------------------------------------------------
+@dataclass
+class Overrides:
+    """Command-line values that beat the profile file (None: not given)."""
+    steps: int | None = None
+    topk: int | None = None
+    draft_tokens: int | None = None
+    no_spec: bool = False
+    model: str | None = None
+    draft: str | None = None
+    served_model_name: str | None = None
+    host: str | None = None
+    port: int | None = None
+    api_key: str | None = None
+
+
+@dataclass
+class Launch:
+    """A resolved profile plus what comes from outside the file: env to export, API key."""
+    profile: Profile
+    env: dict[str, str]             # exported into os.environ before any engine starts
+    env_origin: dict[str, str]      # per variable: "profile" or "environment (profile: X)"
+    api_key: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# -- finding and reading -----------------------------------------------------------------------
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def find_profile(name_or_path: str) -> Path:
+    """A built-in profile name (launch/profiles/NAME.toml) or a path to a TOML file."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or os.sep in name_or_path:
+        if not p.is_file():
+            raise ProfileError(f"{p}: profile file not found")
+        return p.resolve()
+    builtin = PROFILE_DIR / f"{name_or_path}.toml"
+    if not builtin.is_file():
+        raise ProfileError(f"unknown profile {name_or_path!r}; built-in profiles: "
+                           f"{', '.join(available_profiles())} (or give a path to a .toml file)")
+    return builtin
+
+
+def read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{path}: not valid TOML ({e})") from e
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+def resolve(name_or_path: str, overrides: Overrides | None = None,
+            environ: Mapping[str, str] | None = None) -> Launch:
+    """file -> overrides -> environment -> validated Launch (engine arguments come after)."""
+    overrides = overrides or Overrides()
+    environ = os.environ if environ is None else environ
+    path = find_profile(name_or_path)
+    raw = read_toml(path)
+    origin: dict[str, str] = {}
+    notes = _apply_overrides(raw, overrides, origin)
+    expanded = _expand_env(raw, environ, str(path), origin)
+    base = PROJECT_ROOT if path.parent == PROFILE_DIR else path.parent
+    profile = build_profile(raw, path, base, origin, expanded)
+    env, env_origin = _effective_env(profile.env, environ)
+    api_key = overrides.api_key or environ.get("SPECSERVE_API_KEY") or None
+    if overrides.no_spec and overrides.steps is not None:
+        notes.append("--no-spec given: --steps is ignored")
+    return Launch(profile, env, env_origin, api_key, notes)
+
+
+def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[str]:
+    notes = []
+
+    def put(section: str, key: str, value, flag: str):
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            return  # build_profile reports the bad table
+        raw[section][key] = value
+        origin[f"{section}.{key}"] = flag
+
+    cwd = Path.cwd()
+    if o.model is not None:
+        put("model", "path", str(cwd / o.model), "--model")
+    if o.draft is not None:
+        put("model", "draft", str(cwd / o.draft), "--draft")
+    if o.no_spec:
+        put("speculative", "enabled", False, "--no-spec")
+    if o.steps is not None:
+        put("speculative", "steps", o.steps, "--steps")
+    if o.topk is not None:
+        put("speculative", "topk", o.topk, "--topk")
+    if o.draft_tokens is not None:
+        put("speculative", "draft_tokens", o.draft_tokens, "--draft-tokens")
+    elif o.steps is not None or o.topk is not None:
+        spec = raw.get("speculative") if isinstance(raw.get("speculative"), dict) else {}
+        if spec.get("topk", 1) == 1:  # a chain: keep the draft tokens in step with the steps
+            put("speculative", "draft_tokens", 0, "--steps")
+            notes.append("draft tokens follow --steps (topk 1: draft_tokens = steps + 1)")
+    if o.served_model_name is not None:
+        put("server", "served_model_name", o.served_model_name, "--served-model-name")
+    if o.host is not None:
+        put("server", "host", o.host, "--host")
+    if o.port is not None:
+        put("server", "port", o.port, "--port")
+    return notes
+
+
+def _expand_env(raw: dict, environ: Mapping[str, str], source: str, origin: dict[str, str]) -> set[str]:
+    """Replace ${VAR} / ${VAR:-default} in string values; returns the dotted keys expanded."""
+    expanded: set[str] = set()
+
+    def expand(value: str, key: str) -> str:
+        def one(m: re.Match) -> str:
+            name, default = m.group(1), m.group(3)
+            if name in environ and environ[name] != "":
+                return environ[name]
+            if m.group(2) is not None:
+                return default
+            raise ProfileError(f"{origin.get(key, source)}: {key}: environment variable {name} is not set "
+                               f"(the profile reads it with ${{{name}}})")
+        return _ENV_REF.sub(one, value)
+
+    for section, table in raw.items():
+        items = table.items() if isinstance(table, dict) else [(None, table)]
+        for k, v in items:
+            key = section if k is None else f"{section}.{k}"
+            if isinstance(v, str) and "${" in v:
+                new = expand(v, key)
+                if k is None:
+                    raw[section] = new
+                else:
+                    table[k] = new
+                expanded.add(key)
+    return expanded
+
+
+def _effective_env(profile_env: dict, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Variables the operator already exported win over the profile; both are reported."""
+    env, origin = {}, {}
+    for k, v in profile_env.items():
+        if k in environ and environ[k] != v:
+            env[k], origin[k] = environ[k], f"environment (profile: {v})"
+        else:
+            env[k], origin[k] = v, "profile"
+    return env, origin
+
+
+# -- typing and validation ---------------------------------------------------------------------
+def _where(key: str, path: Path, origin: dict[str, str]) -> str:
+    return origin.get(key, str(path))
+
+
+def _coerce(value, hint, key: str, where: str, from_env: bool):
+    """Check a TOML value against a dataclass field type; env-expanded strings may become numbers."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        hint = next(a for a in args if a is not type(None))
+    bad = ProfileError(f"{where}: {key}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if from_env and isinstance(value, str) and value.lower() in ("1", "0", "true", "false"):
+            return value.lower() in ("1", "true")
+        raise bad
+    if hint is int:
+        if from_env and isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if hint is float:
+        if from_env and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return value
+    raise TypeError(f"unsupported profile field type {hint!r}")
+
+
+def _build_section(cls, table, name: str, path: Path, origin: dict[str, str], expanded: set[str]):
+    if not isinstance(table, dict):
+        raise ProfileError(f"{path}: [{name}] must be a table, got {table!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        raise ProfileError(f"{path}: [{name}]: unknown key(s) {', '.join(unknown)}; "
+                           f"allowed: {', '.join(names)}")
+    values = {}
+    for k, v in table.items():
+        key = f"{name}.{k}"
+        values[k] = _coerce(v, hints[k], key, _where(key, path, origin), key in expanded)
+    return cls(**values)
+
+
+def _resolve_path(p: str | None, base: Path) -> str | None:
+    if not p:
+        return p
+    p = os.path.expanduser(p)
+    return p if os.path.isabs(p) else str((base / p).resolve())
+
+
+def build_profile(raw: dict, path: Path, base: Path | None = None, origin: dict[str, str] | None = None,
+                  expanded: set[str] | None = None) -> Profile:
+    """Typed, validated Profile from a (possibly overridden and expanded) TOML dict."""
+    origin, expanded = origin or {}, expanded or set()
+    base = base or path.parent
+    allowed = set(_SECTIONS) | set(_TOP_SCALARS) | {"env"}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ProfileError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    prof = Profile(name=path.stem, source=str(path))
+    for k, typ in _TOP_SCALARS.items():
+        if k in raw:
+            setattr(prof, k, _coerce(raw[k], typ, k, _where(k, path, origin), k in expanded))
+    for name, cls in _SECTIONS.items():
+        if name in raw:
+            setattr(prof, name, _build_section(cls, raw[name], name, path, origin, expanded))
+    prof.env = _build_env(raw.get("env", {}), path)
+    prof.model.path = _resolve_path(prof.model.path, base)
+    prof.model.draft = _resolve_path(prof.model.draft, base)
+    _validate(prof, path, origin)
+    return prof
+
+
+def _build_env(table, path: Path) -> dict[str, str]:
+    if not isinstance(table, dict):
+        raise ProfileError(f"{path}: [env] must be a table of NAME = \"value\"")
+    env = {}
+    for k, v in table.items():
+        if not _ENV_NAME.match(k):
+            raise ProfileError(f"{path}: env.{k}: not a valid environment variable name")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ProfileError(f"{path}: env.{k}: expected a string, got {v!r}")
+        env[k] = str(v)
+    return env
+
+
+def _validate(p: Profile, path: Path, origin: dict[str, str]) -> None:
+    def fail(key: str, msg: str):
+        raise ProfileError(f"{_where(key, path, origin)}: {key}: {msg}")
+
+    if p.engine not in ENGINES:
+        fail("engine", f"{p.engine!r} is not one of {', '.join(ENGINES)}")
+    if not p.model.path:
+        fail("model.path", "is required (the target model directory)")
+    s = p.speculative
+    if s.steps < 1:
+        fail("speculative.steps", f"must be >= 1, got {s.steps}")
+    if s.topk < 1:
+        fail("speculative.topk", f"must be >= 1, got {s.topk}")
+    if s.topk == 1:
+        if s.draft_tokens not in (0, s.steps + 1):
+            fail("speculative.draft_tokens", f"topk = 1 needs draft_tokens = steps + 1 = {s.steps + 1}, "
+                                             f"got {s.draft_tokens}")
+        s.draft_tokens = s.steps + 1
+    elif s.draft_tokens < 2:
+        fail("speculative.draft_tokens", f"tree drafting (topk = {s.topk}) needs draft_tokens >= 2, "
+                                         f"got {s.draft_tokens}")
+    if s.enabled and not p.model.draft:
+        fail("model.draft", "speculative.enabled is true but no drafter is set (give --draft or --no-spec)")
+    par = p.parallel
+    if par.tp < 1:
+        fail("parallel.tp", f"must be >= 1, got {par.tp}")
+    if par.nnodes < 1:
+        fail("parallel.nnodes", f"must be >= 1, got {par.nnodes}")
+    if not 0 <= par.node_rank < par.nnodes:
+        fail("parallel.node_rank", f"must be in [0, nnodes = {par.nnodes}), got {par.node_rank}")
+    if par.nnodes > 1:
+        if not par.dist_init_addr:
+            fail("parallel.dist_init_addr", "is required when nnodes > 1 (host:port of node 0)")
+        if par.tp % par.nnodes:
+            fail("parallel.tp", f"tp = {par.tp} does not split evenly over nnodes = {par.nnodes}")
+        if p.engine == "native":
+            fail("parallel.nnodes", "the native engine runs on one node")
+    if not 1 <= p.server.port <= 65535:
+        fail("server.port", f"must be in 1..65535, got {p.server.port}")
+    if p.server.log_level not in LOG_LEVELS:
+        fail("server.log_level", f"{p.server.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    n = p.native
+    if n.dtype not in NATIVE_DTYPES:
+        fail("native.dtype", f"{n.dtype!r} is not one of {', '.join(NATIVE_DTYPES)}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", n.device):
+        fail("native.device", f"{n.device!r} is not auto, cpu, cuda or cuda:N")
+    for k in ("max_batch", "max_waiting"):
+        if getattr(n, k) < 1:
+            fail(f"native.{k}", f"must be >= 1, got {getattr(n, k)}")
+    if n.max_context < 0:
+        fail("native.max_context", f"must be >= 0, got {n.max_context}")
+    g = p.sglang
+    if g.mem_fraction_static is not None and not 0.0 < g.mem_fraction_static <= 1.0:
+        fail("sglang.mem_fraction_static", f"must be in (0, 1], got {g.mem_fraction_static}")
+    if g.cuda_graph_max_bs_decode is not None and g.cuda_graph_max_bs_decode < 1:
+        fail("sglang.cuda_graph_max_bs_decode", f"must be >= 1, got {g.cuda_graph_max_bs_decode}")
+    if g.dtype not in SGLANG_DTYPES:
+        fail("sglang.dtype", f"{g.dtype!r} is not one of {', '.join(SGLANG_DTYPES)}")
+    owned = {"model_path", "tokenizer_path", "served_model_name", "tp_size", "nnodes", "node_rank",
+             "dist_init_addr", "mem_fraction_static", "cuda_graph_max_bs_decode", "dtype", "context_length",
+             "max_running_requests", "trust_remote_code"}
+    clash = sorted(k for k in g.extra if k in owned or k.startswith("speculative_"))
+    if clash:
+        fail("sglang.extra", f"{', '.join(clash)} are set from the profile's own tables, not [sglang.extra]")
+    if g.extra.get("incremental_streaming_output"):
+        fail("sglang.extra", "incremental_streaming_output is not supported (the engine adapter expects "
+                             "cumulative chunks)")

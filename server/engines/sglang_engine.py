@@ -1,0 +1,263 @@
+"""SGLang behind engine.api.Engine: an in-process `sglang.Engine`, streamed via async_generate.
+
+SGLang streams cumulative chunks (text and output_ids so far); we turn them into deltas. The
+final chunk's meta_info carries the finish reason ({type: stop|length|abort}), token counts
+and the speculative statistics, under 0.5.23 names (spec_num_correct_drafts, ...) or older
+0.5.x ones (spec_accept_token_num, ...); both are read into the same SpecStats as the native
+engine reports. Only the interface leaks out: the HTTP layer and metrics never see SGLang.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from engine.api import EngineError, EngineInfo, GenerationOutput, SamplingParams, SpecStats
+
+log = logging.getLogger("specserve.sglang")
+
+SGLANG_MISSING = ("sglang is not installed in this Python: `pip install .[sglang]` (pins sglang==0.5.23 and "
+                  "needs its CUDA kernels) or run the Docker image (FROM lmsysorg/sglang:v0.5.23)")
+
+
+def require_sglang() -> None:
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineError(SGLANG_MISSING)
+
+
+def _sglang_engine(**server_args):
+    try:
+        import sglang
+    except ImportError as e:
+        raise EngineError(f"{SGLANG_MISSING} ({e})") from e
+    return sglang.Engine(**server_args)
+
+
+# -- translation (pure functions: tested without SGLang) ------------------------------------
+def to_sglang_sampling(p: SamplingParams) -> dict:
+    d = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
+         "top_k": p.top_k if p.top_k > 0 else -1, "ignore_eos": p.ignore_eos}
+    if p.stop:
+        d["stop"] = list(p.stop)
+    if p.stop_token_ids:
+        d["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        d["sampling_seed"] = p.seed
+    return d
+
+
+def finish_from_meta(meta: dict) -> tuple[str | None, str | None]:
+    """(finish_reason as stop|length|abort or None while streaming, error message)."""
+    fr = meta.get("finish_reason")
+    if fr is None:
+        return None, None
+    kind, msg = (fr, None) if isinstance(fr, str) else (fr.get("type"), fr.get("message"))
+    if kind in ("stop", "length"):
+        return kind, None
+    if kind == "abort":
+        return "abort", msg or "aborted by SGLang"
+    return "stop", None
+
+
+def _first(meta: dict, *names):
+    for n in names:
+        if meta.get(n) is not None:
+            return meta[n]
+    return None
+
+
+def spec_stats_from_meta(meta: dict, num_draft_tokens: int) -> SpecStats:
+    """SpecStats from a final meta_info; histogram[k] = verify steps that accepted k drafts."""
+    verify = int(meta.get("spec_verify_ct") or 0)
+    if verify <= 0:
+        return SpecStats()
+    completion = int(meta.get("completion_tokens") or 0)
+    accepted = _first(meta, "spec_num_correct_drafts", "spec_accept_token_num")
+    accepted = int(accepted) if accepted is not None else max(0, completion - verify)
+    proposed = _first(meta, "spec_num_proposed_drafts", "spec_draft_token_num")
+    if proposed is None:
+        rate = meta.get("spec_accept_rate")
+        proposed = round(accepted / rate) if rate else verify * max(0, num_draft_tokens - 1)
+    hist = _first(meta, "spec_correct_drafts_histogram", "spec_accept_histogram") or []
+    per_position = [sum(hist[k] for k in range(i + 1, len(hist))) for i in range(len(hist) - 1)]
+    while per_position and per_position[-1] == 0:
+        per_position.pop()
+    return SpecStats(verify_steps=verify, proposed_draft_tokens=int(proposed), accepted_draft_tokens=accepted,
+                     accepted_per_position=per_position)
+
+
+@dataclass
+class CumulativeToDelta:
+    """Turns SGLang's cumulative chunks into deltas."""
+    text: str = ""
+    n_ids: int = 0
+
+    def delta(self, chunk: dict) -> tuple[str, list[int]]:
+        ids = chunk.get("output_ids") or []
+        new_ids = list(ids[self.n_ids:])
+        self.n_ids = max(self.n_ids, len(ids))
+        text = chunk.get("text")
+        if text is None:
+            return "", new_ids
+        if text.startswith(self.text):
+            new_text = text[len(self.text):]
+        else:  # SGLang revised text it already sent; what was streamed cannot be taken back
+            new_text = text[len(os.path.commonprefix([text, self.text])):]
+            log.debug("sglang revised streamed text; sending the new suffix only")
+        self.text = text
+        return new_text, new_ids
+
+
+# -- the engine ----------------------------------------------------------------------------
+class SGLangEngine:
+    """Implements engine.api.Engine. `server_args` are sglang ServerArgs keyword arguments
+    (built from the profile by launch/engine_args.py); `engine_factory` replaces
+    `sglang.Engine` in tests."""
+
+    def __init__(self, server_args: dict, *, served_model_name: str | None = None,
+                 engine_factory: Callable[..., object] | None = None,
+                 tokenizer_loader: Callable[[str, bool], object] | None = None):
+        if engine_factory is None:
+            require_sglang()
+        if server_args.get("incremental_streaming_output"):
+            raise ValueError("incremental_streaming_output is not supported: this adapter expects cumulative chunks")
+        self.server_args = dict(server_args)
+        self._factory = engine_factory or _sglang_engine
+        self._tokenizer_loader = tokenizer_loader or _auto_tokenizer
+        a = self.server_args
+        spec = a.get("speculative_algorithm") is not None
+        self.info = EngineInfo(
+            engine="sglang", model=served_model_name or os.path.basename(str(a["model_path"]).rstrip("/")),
+            max_context=a.get("context_length") or 0, speculative=spec,
+            steps=a.get("speculative_num_steps") or 0 if spec else 0,
+            topk=a.get("speculative_eagle_topk") or 0 if spec else 0,
+            draft_tokens=a.get("speculative_num_draft_tokens") or 0 if spec else 0,
+            tp=a.get("tp_size", 1), device="cuda",
+            extra={"model_path": a["model_path"], "draft_path": a.get("speculative_draft_model_path") or "",
+                   "nnodes": a.get("nnodes", 1)})
+        self.tokenizer = None
+        self._engine = None
+        self._ready = False
+        self._running = 0
+        self.dead: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.dead is None
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(requests streaming through this adapter, 0): SGLang keeps its own queue."""
+        return self._running, 0
+
+    async def start(self) -> None:
+        a = self.server_args
+        path = a.get("tokenizer_path") or a["model_path"]
+        try:
+            self.tokenizer = await asyncio.to_thread(self._tokenizer_loader, path, bool(a.get("trust_remote_code")))
+            self._engine = await asyncio.to_thread(lambda: self._factory(**a))
+        except EngineError:
+            raise
+        except Exception as e:
+            self.dead = f"sglang failed to start: {type(e).__name__}: {e}"
+            raise EngineError(self.dead) from e
+        self._attach_to_loop()
+        tm = getattr(self._engine, "tokenizer_manager", None)
+        self.info.max_context = int(getattr(tm, "context_len", 0) or self.info.max_context)
+        self._ready = True
+
+    def _attach_to_loop(self) -> None:
+        """Start SGLang's output loop on our event loop now, and keep the server's SIGTERM handler:
+        SGLang installs its own on the loop (main thread), which would bypass uvicorn's drain."""
+        tm = getattr(self._engine, "tokenizer_manager", None)
+        if tm is None or not hasattr(tm, "auto_create_handle_loop"):
+            return
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if main else None
+        tm.auto_create_handle_loop()
+        if main and previous is not None:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous)
+
+    async def shutdown(self) -> None:
+        self._ready = False
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.shutdown)
+            self._engine = None
+
+    def _abort(self, request_id: str) -> None:
+        tm = getattr(self._engine, "tokenizer_manager", None)
+        fn = getattr(tm, "abort_request", None) or getattr(self._engine, "abort_request", None)
+        if fn is None:
+            return
+        try:
+            fn(rid=request_id)
+        except Exception:
+            log.exception("sglang abort_request(%s) failed", request_id)
+
+    async def generate(self, request_id: str, prompt_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[GenerationOutput]:
+        if not self.ready:
+            raise EngineError(self.dead or "engine is not ready")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + params.timeout_s if params.timeout_s else None
+        cum, finished, stream = CumulativeToDelta(), False, None
+        self._running += 1
+
+        def final(reason: str, error: str | None, meta: dict | None = None, text="", ids=()) -> GenerationOutput:
+            meta = meta or {}
+            spec = spec_stats_from_meta(meta, self.info.draft_tokens) if self.info.speculative else None
+            return GenerationOutput(text=text, token_ids=list(ids), finish_reason=reason, error=error,
+                                    prompt_tokens=int(meta.get("prompt_tokens") or len(prompt_ids)),
+                                    completion_tokens=int(meta.get("completion_tokens") or cum.n_ids), spec=spec)
+        try:
+            stream = await self._engine.async_generate(
+                input_ids=list(prompt_ids), sampling_params=to_sglang_sampling(params), stream=True, rid=request_id)
+            it = stream.__aiter__()
+            while True:
+                try:
+                    if deadline is None:
+                        chunk = await it.__anext__()
+                    else:
+                        chunk = await asyncio.wait_for(it.__anext__(), max(0.0, deadline - loop.time()))
+                except StopAsyncIteration:
+                    finished = True
+                    yield final("abort", "sglang ended the stream without a finish reason")
+                    return
+                except asyncio.TimeoutError:
+                    self._abort(request_id)
+                    finished = True
+                    yield final("abort", "request timed out")
+                    return
+                meta = chunk.get("meta_info") or {}
+                text, ids = cum.delta(chunk)
+                reason, error = finish_from_meta(meta)
+                if reason is not None:
+                    finished = True
+                    yield final(reason, error, meta, text, ids)
+                    return
+                if text or ids:
+                    yield GenerationOutput(text=text, token_ids=ids, prompt_tokens=len(prompt_ids),
+                                           completion_tokens=cum.n_ids)
+        except ValueError as e:  # SGLang rejects a request (too long, bad sampling values) with ValueError
+            finished = True
+            yield final("abort", f"sglang rejected the request: {e}")
+        finally:
+            self._running -= 1
+            if not finished:  # the client went away or the task was cancelled
+                self._abort(request_id)
+            if stream is not None and hasattr(stream, "aclose"):
+                try:
+                    await stream.aclose()
+                except Exception:
+                    pass
+
+
+def _auto_tokenizer(path: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

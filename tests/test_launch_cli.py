@@ -1,0 +1,177 @@
+"""launch/serve.sh and the `specserve` entry point: --dry-run shows the effective profile, the
+environment and the exact SGLang arguments; a drafter that does not fit its target stops the
+launch (from config.json alone, so SGLang profiles are checked too); a missing sglang is one
+clear error. None of these load weights or start a server."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import cli
+from launch.auto_steps import best_setting
+from launch.profiles import PROJECT_ROOT
+
+SERVE_SH = PROJECT_ROOT / "launch" / "serve.sh"
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SPECSERVE_")) and k != "PYTHON"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # serve.sh runs `python`
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def environ_restored():
+    saved = dict(os.environ)
+    for k in [k for k in os.environ if k.startswith(("NCCL_", "SPECSERVE_"))]:
+        del os.environ[k]
+    yield os.environ
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def llama_target(path: Path, hidden=64, vocab=512, layers=4, arch="LlamaForCausalLM") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": [arch], "model_type": "llama", "hidden_size": hidden, "vocab_size": vocab,
+        "num_hidden_layers": layers, "intermediate_size": 2 * hidden, "num_attention_heads": 4}))
+    return path
+
+
+def eagle3_drafter(path: Path, hidden=64, vocab=512, trained=(1, 1, 0), serving="sglang-llama",
+                   configured=None) -> Path:
+    from models.eagle3 import Eagle3Config
+    from models.eagle3_checkpoint import config_to_hf
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = config_to_hf(Eagle3Config(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+                                    num_key_value_heads=4, head_dim=hidden // 4, vocab_size=vocab,
+                                    draft_vocab_size=min(vocab, 32000), target_hidden_size=hidden,
+                                    aux_layer_ids=list(trained)), serving)
+    if configured is not None:
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(configured)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_serve_sh_dry_run_reference_shows_nccl_and_sglang_arguments():
+    r = subprocess.run([str(SERVE_SH), "--dry-run", "--profile", "reference"], env=clean_env(),
+                       capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    for s in ("NCCL_PROTO=LL", "NCCL_ALGO=Ring", "NCCL_P2P_LEVEL=SYS", "--speculative-algorithm EAGLE3",
+              "--speculative-num-steps 2", "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3",
+              "--tp-size 8", "--cuda-graph-max-bs-decode"):
+        assert s in r.stdout, s
+    assert "--cuda-graph-max-bs " not in r.stdout
+
+
+def test_serve_sh_is_a_thin_exec_shell():
+    text = SERVE_SH.read_text()
+    assert os.access(SERVE_SH, os.X_OK)
+    assert 'exec "${PYTHON:-python}" -m launch.cli "$@"' in text
+    assert len([l for l in text.splitlines() if l.strip() and not l.startswith("#")]) <= 5
+
+
+def test_follower_node_runs_sglang_schedulers_only(capsys, environ_restored):
+    environ_restored.update(NODE_RANK="1", DIST_INIT_ADDR="node0:50000")
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference-2node")
+    assert rc == 0
+    assert "-m sglang.launch_server" in out and "--node-rank 1 --dist-init-addr node0:50000" in out
+
+
+def test_no_profile_and_no_gpu_picks_cpu_default(capsys, environ_restored, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the default is h200-native")
+    t, d = llama_target(tmp_path / "t"), eagle3_drafter(tmp_path / "d")
+    rc, out, _ = run_cli(capsys, "--dry-run", "--model", str(t), "--draft", str(d), "--steps", "2")
+    assert rc == 0
+    assert "profile cpu-default" in out and "no GPU" in out
+    assert "EAGLE3 steps 2, topk 1, draft tokens 3" in out
+    assert "pair check: drafter fits target: hidden 64, vocab 512" in out
+
+
+@pytest.mark.parametrize("drafter,msg", [
+    (dict(hidden=128), ["target_hidden_size 128 != target hidden_size 64"]),
+    (dict(vocab=1000), ["vocab_size 1000 != target vocab_size 512"]),
+    (dict(trained=(1, 2, 9)), ["[1, 2, 9]", "4-layer target"]),
+])
+def test_a_drafter_that_does_not_fit_stops_the_launch(capsys, environ_restored, tmp_path, drafter, msg):
+    t, d = llama_target(tmp_path / "t"), eagle3_drafter(tmp_path / "d", **drafter)
+    rc, out, err = run_cli(capsys, "--profile", "cpu-default", "--model", str(t), "--draft", str(d))
+    assert rc == 2
+    assert str(d / "config.json") in err and str(t / "config.json") in err
+    for m in msg:
+        assert m in err, err
+
+
+def test_sglang_profile_checks_the_pair_from_configs(capsys, environ_restored, tmp_path):
+    t = llama_target(tmp_path / "t")
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t),
+                         "--draft", str(eagle3_drafter(tmp_path / "d")))
+    assert rc == 0 and "SGLang (sglang-llama) captures outputs of layers [1, 1, 0]" in out
+    bad = eagle3_drafter(tmp_path / "d2", configured=[2, 2, 1])  # exported for vLLM's convention
+    rc, _, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(bad))
+    assert rc == 2 and "capture the outputs of layers [2, 2, 1]" in err and "trained on the outputs of layers [1, 1, 0]" in err
+
+
+def test_kimi_shaped_pair_follows_sglang_deepseek_convention(capsys, environ_restored, tmp_path):
+    """Kimi-K2.5 (61 layers, DeepSeek-V3 model code): ids [2, 30, 58] capture outputs 1, 29, 57."""
+    t = llama_target(tmp_path / "kimi", hidden=7168, vocab=163840, layers=61, arch="DeepseekV3ForCausalLM")
+    d = eagle3_drafter(tmp_path / "d", hidden=7168, vocab=163840, trained=(1, 29, 57), configured=[2, 30, 58])
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(d))
+    assert rc == 0 and "SGLang (sglang-deepseek) captures outputs of layers [1, 29, 57]" in out
+    off = eagle3_drafter(tmp_path / "d3", hidden=7168, vocab=163840, trained=(1, 29, 57), configured=[3, 31, 59])
+    rc, _, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(off))
+    assert rc == 2 and "[2, 30, 58]" in err and "[1, 29, 57]" in err
+
+
+def test_missing_sglang_is_one_clear_error(capsys, environ_restored, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "sglang" else real(n, *a))
+    rc, _, err = run_cli(capsys, "--profile", "reference")
+    assert rc == 2 and "pip install .[sglang]" in err and "Docker" in err
+
+
+def test_bad_profile_exits_2_with_the_field(capsys, environ_restored):
+    rc, _, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--draft-tokens", "9")
+    assert rc == 2 and "specserve: error: --draft-tokens: speculative.draft_tokens" in err
+
+
+def test_environment_is_exported_and_the_api_key_never_printed(capsys, environ_restored):
+    environ_restored["SPECSERVE_API_KEY"] = "s3cret"
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference")
+    assert rc == 0 and os.environ["NCCL_ALGO"] == "Ring"
+    assert "api key set" in out and "s3cret" not in out
+
+
+def test_steps_auto_falls_back_with_a_message(capsys, environ_restored):
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--steps", "auto")
+    assert rc == 0 and "--steps auto" in out and "--speculative-num-steps 2" in out
+
+
+def test_steps_auto_reads_the_step_sweep_best_record(capsys, environ_restored, tmp_path, monkeypatch):
+    """benchmarks/step_sweep.py writes <profile>.json with a "best" record; --steps auto serves it."""
+    assert best_setting("reference", tmp_path)[0] is None
+    (tmp_path / "reference.json").write_text(json.dumps(
+        {"rows": [], "best": {"steps": 3, "topk": 4, "draft_tokens": 8, "tok_s": 101.5, "setting": "3:4:8"}}))
+    choice, msg = best_setting("reference", tmp_path)
+    assert (choice.steps, choice.topk, choice.draft_tokens) == (3, 4, 8) and "101.5 tok/s" in msg
+    monkeypatch.setattr("launch.cli.best_setting", lambda p: best_setting(p, tmp_path))
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--steps", "auto")
+    assert rc == 0 and "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8" in out
+    (tmp_path / "reference.json").write_text(json.dumps({"best": {"steps": 0, "topk": 1, "draft_tokens": 0}}))
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--steps", "auto")
+    assert rc == 0 and "speculative  off" in out and "--speculative-algorithm" not in out

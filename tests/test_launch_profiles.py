@@ -1,0 +1,170 @@
+"""Profiles are data that resolve one way (file -> overrides -> environment -> engine
+arguments), and a wrong value stops the launch with a message naming the file (or flag)
+and the field — before any engine process starts."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from launch.engine_args import native_engine_args, sglang_cli, sglang_server_args
+from launch.profiles import PROJECT_ROOT, Overrides, ProfileError, available_profiles, resolve
+
+ENV = {"NODE_RANK": "1", "DIST_INIT_ADDR": "node0:50000"}
+GOOD = """
+engine = "native"
+[model]
+path = "target"
+draft = "drafter"
+[speculative]
+steps = 2
+topk = 1
+draft_tokens = 3
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_shipped_profiles_are_all_there_and_valid():
+    names = set(available_profiles())
+    assert {"reference", "reference-2node", "h200-native", "h200x2-native", "cpu-default"} <= names
+    for n in names:
+        p = resolve(n, environ=ENV).profile
+        assert p.model.path and (p.model.draft or not p.speculative.enabled)
+
+
+def test_reference_profile_is_the_measured_deployment():
+    launch = resolve("reference", environ={})
+    p = launch.profile
+    assert (p.engine, p.parallel.tp, p.parallel.nnodes) == ("sglang", 8, 1)
+    assert (p.speculative.steps, p.speculative.topk, p.speculative.draft_tokens) == (2, 1, 3)
+    assert launch.env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS"}
+    assert p.model.path == "/models/Kimi-K2.5" and p.model.draft
+
+
+def test_two_node_profile_reads_rank_and_address_from_the_environment():
+    p = resolve("reference-2node", environ=ENV).profile
+    assert (p.parallel.nnodes, p.parallel.node_rank, p.parallel.dist_init_addr, p.parallel.tp) == \
+        (2, 1, "node0:50000", 16)
+    kw = sglang_server_args(p)
+    assert (kw["nnodes"], kw["node_rank"], kw["dist_init_addr"]) == (2, 1, "node0:50000")
+    with pytest.raises(ProfileError, match=r"reference-2node\.toml: parallel\.node_rank: environment variable NODE_RANK"):
+        resolve("reference-2node", environ={"DIST_INIT_ADDR": "node0:50000"})
+    with pytest.raises(ProfileError, match=r"parallel\.node_rank: must be in \[0, nnodes = 2\), got 2"):
+        resolve("reference-2node", environ={**ENV, "NODE_RANK": "2"})
+
+
+def test_builtin_relative_paths_resolve_against_the_project_root():
+    p = resolve("cpu-default", environ={}).profile
+    assert p.model.path == str(PROJECT_ROOT / "shipped" / "target")
+    assert p.model.draft == str(PROJECT_ROOT / "shipped" / "drafter")
+
+
+def test_external_profile_paths_resolve_against_its_folder(tmp_path):
+    p = resolve(str(write(tmp_path, GOOD)), environ={}).profile
+    assert p.model.path == str(tmp_path / "target") and p.name == "p"
+
+
+@pytest.mark.parametrize("text,field,msg", [
+    (GOOD + "bogus = 1\n", "", "unknown key(s) bogus"),
+    (GOOD.replace("steps = 2", "steps = 2\nstepz = 3"), "[speculative]", "unknown key(s) stepz"),
+    (GOOD.replace("steps = 2", 'steps = "two"'), "speculative.steps", "expected int, got 'two'"),
+    (GOOD.replace("steps = 2", "steps = true"), "speculative.steps", "expected int, got True"),
+    (GOOD.replace("steps = 2", "steps = 0"), "speculative.steps", "must be >= 1, got 0"),
+    (GOOD.replace("draft_tokens = 3", "draft_tokens = 5"), "speculative.draft_tokens",
+     "topk = 1 needs draft_tokens = steps + 1 = 3, got 5"),
+    (GOOD.replace("topk = 1", "topk = 0"), "speculative.topk", "must be >= 1"),
+    (GOOD.replace("topk = 1\ndraft_tokens = 3", "topk = 4\ndraft_tokens = 1"), "speculative.draft_tokens", ">= 2"),
+    (GOOD.replace('engine = "native"', 'engine = "vllm"'), "engine", "not one of native, sglang"),
+    (GOOD.replace('draft = "drafter"\n', ""), "model.draft", "no drafter is set"),
+    (GOOD + "[parallel]\nnnodes = 2\n", "parallel.dist_init_addr", "required when nnodes > 1"),
+    (GOOD + "[parallel]\ntp = 0\n", "parallel.tp", "must be >= 1"),
+    (GOOD + "[server]\nport = 70000\n", "server.port", "1..65535"),
+    (GOOD + "[env]\n\"NCCL PROTO\" = \"LL\"\n", "env.NCCL PROTO", "not a valid environment variable name"),
+    (GOOD + "[env]\nNCCL_PROTO = [1]\n", "env.NCCL_PROTO", "expected a string"),
+    (GOOD + "[native]\ndtype = \"fp8\"\n", "native.dtype", "not one of auto, float32"),
+    (GOOD + "[native]\ndevice = \"tpu\"\n", "native.device", "not auto, cpu, cuda"),
+    (GOOD + "[sglang]\nmem_fraction_static = 1.5\n", "sglang.mem_fraction_static", "(0, 1]"),
+    (GOOD + "[sglang.extra]\nspeculative_num_steps = 4\n", "sglang.extra", "profile's own tables"),
+    ('engine = "native"\nmodel = 3\n', "", "[model] must be a table"),
+    ("engine = \n", "", "not valid TOML"),
+])
+def test_bad_values_name_file_and_field(tmp_path, text, field, msg):
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as e:
+        resolve(str(path), environ={})
+    assert str(e.value).startswith(str(path)), e.value
+    assert field in str(e.value) and msg in str(e.value), e.value
+
+
+def test_unknown_profile_lists_the_builtin_ones():
+    with pytest.raises(ProfileError, match="unknown profile 'nope'.*reference"):
+        resolve("nope", environ={})
+
+
+def test_overrides_beat_the_file_and_keep_a_chain_consistent():
+    p = resolve("reference", Overrides(steps=3), environ={}).profile
+    assert (p.speculative.steps, p.speculative.topk, p.speculative.draft_tokens) == (3, 1, 4)
+    p = resolve("reference", Overrides(steps=3, topk=4, draft_tokens=8), environ={}).profile
+    assert (p.speculative.steps, p.speculative.topk, p.speculative.draft_tokens) == (3, 4, 8)
+    p = resolve("reference", Overrides(no_spec=True, host="127.0.0.1", port=9001, served_model_name="k"),
+                environ={}).profile
+    assert not p.spec_enabled and (p.server.host, p.server.port, p.server.served_model_name) == ("127.0.0.1", 9001, "k")
+    assert "--speculative-algorithm" not in sglang_cli(sglang_server_args(p))
+
+
+def test_a_bad_override_names_the_flag():
+    with pytest.raises(ProfileError, match=r"^--draft-tokens: speculative\.draft_tokens: topk = 1 needs"):
+        resolve("reference", Overrides(draft_tokens=7), environ={})
+    with pytest.raises(ProfileError, match=r"^--steps: speculative\.steps: must be >= 1"):
+        resolve("reference", Overrides(steps=0), environ={})
+
+
+def test_command_line_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = resolve("cpu-default", Overrides(model="t", draft="d"), environ={}).profile
+    assert (p.model.path, p.model.draft) == (str(tmp_path / "t"), str(tmp_path / "d"))
+
+
+def test_exported_variables_win_over_the_profile_env_and_say_so():
+    launch = resolve("reference", environ={"NCCL_ALGO": "Tree"})
+    assert launch.env["NCCL_ALGO"] == "Tree" and launch.env_origin["NCCL_ALGO"] == "environment (profile: Ring)"
+    assert launch.env["NCCL_PROTO"] == "LL" and launch.env_origin["NCCL_PROTO"] == "profile"
+
+
+def test_api_key_from_flag_or_environment():
+    assert resolve("reference", environ={"SPECSERVE_API_KEY": "k1"}).api_key == "k1"
+    assert resolve("reference", Overrides(api_key="k2"), environ={"SPECSERVE_API_KEY": "k1"}).api_key == "k2"
+    assert resolve("reference", environ={}).api_key is None
+
+
+def test_env_expansion_with_defaults(tmp_path):
+    path = write(tmp_path, GOOD + '[server]\nport = "${PORT:-8123}"\nhost = "${HOST:-127.0.0.1}"\n')
+    assert resolve(str(path), environ={}).profile.server.port == 8123
+    assert resolve(str(path), environ={"PORT": "9000"}).profile.server.port == 9000
+    with pytest.raises(ProfileError, match=r"server\.port: expected int, got 'x'"):
+        resolve(str(path), environ={"PORT": "x"})
+
+
+def test_native_engine_args_from_the_cpu_profile():
+    from engine.decoder import SpecConfig
+    a = native_engine_args(resolve("cpu-default", Overrides(steps=2), environ={}).profile)
+    assert (a.device, a.dtype, a.spec) == ("cpu", "float32", SpecConfig(2, 1, 3))
+    a = native_engine_args(resolve("cpu-default", Overrides(no_spec=True), environ={}).profile)
+    assert a.spec is None and a.draft is None
+
+
+def test_native_tp_profile_stops_clearly_until_the_engine_has_tp():
+    from engine.loading import NativeEngineArgs
+    p = resolve("h200x2-native", environ={}).profile
+    if "tp" in {f.name for f in dataclasses.fields(NativeEngineArgs)}:
+        assert native_engine_args(p).tp == 2
+    else:
+        with pytest.raises(ProfileError, match="h200x2-native.toml: parallel.tp: the native engine does not "
+                                               "implement tensor parallelism"):
+            native_engine_args(p)

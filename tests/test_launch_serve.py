@@ -1,0 +1,163 @@
+"""`launch/serve.sh --steps 2 --model T --draft D` serves on CPU (no --profile, no GPU: the
+embedded default profile), answers the OpenAI API, and on SIGTERM finishes the request in
+flight, then exits 0 — the signal reaches Python because serve.sh execs it.
+
+The helpers here (tiny pair, server process) are shared with tests/test_monitoring_live.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE_SH = ROOT / "launch" / "serve.sh"
+
+
+def require_server() -> None:
+    try:
+        import server.main  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"server/ (HTTP layer) is not in this tree yet: {e}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_tiny_pair(root: Path) -> tuple[Path, Path]:
+    """A random tiny Llama target and a random EAGLE-3 drafter for it (seconds on CPU)."""
+    from models.llama import load_target
+    from tests.tiny import export_drafter, make_target_dir, random_drafter
+    target = make_target_dir(root / "target")
+    drafter = export_drafter(random_drafter(load_target(target)), root / "drafter")
+    return target, drafter
+
+
+@dataclass
+class ServerProc:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # our own child, by pid
+            self.proc.wait(10)
+            raise
+
+
+def start_server(args: list[str], log: Path, timeout: float = 240) -> ServerProc:
+    """Start serve.sh on a free local port and wait for /health."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SPECSERVE_")) and k != "PYTHON"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    fh = log.open("w")
+    proc = subprocess.Popen([str(SERVE_SH), *args, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+    srv = ServerProc(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{srv.output()[-4000:]}")
+        try:
+            r = httpx.get(srv.url + "/health", timeout=2)
+            if r.status_code == 200:
+                return srv
+            if r.json().get("status") == "dead":  # the engine failed to load: no point waiting
+                srv.stop()
+                raise AssertionError(f"engine failed to start: {r.text}\n{srv.output()[-4000:]}")
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    srv.stop()
+    raise AssertionError(f"server not healthy after {timeout}s:\n{srv.output()[-4000:]}")
+
+
+def completion(url: str, model: str, prompt: str = "def main(", max_tokens: int = 16, **kw) -> dict:
+    r = httpx.post(url + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                  "temperature": 0, **kw}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    require_server()
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_path):
+    target, drafter = tiny_pair
+    srv = start_server(["--steps", "2", "--model", str(target), "--draft", str(drafter)], tmp_path / "server.log")
+    try:
+        with open(f"/proc/{srv.proc.pid}/cmdline", "rb") as f:  # serve.sh exec'd Python: same pid
+            assert b"launch.cli" in f.read()
+        out = srv.output()
+        assert "profile cpu-default" in out and "EAGLE3 steps 2, topk 1, draft tokens 3" in out
+        models = httpx.get(srv.url + "/v1/models", timeout=10).json()
+        name = models["data"][0]["id"]
+        body = completion(srv.url, name)
+        assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] > 0
+
+        # A streaming request in flight when SIGTERM arrives still finishes (uvicorn drains).
+        chunks, first = [], threading.Event()
+
+        def stream():
+            with httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
+                    "model": name, "prompt": "import os\n", "max_tokens": 400, "temperature": 0,
+                    "ignore_eos": True, "stream": True}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        chunks.append(line[6:])
+                        first.set()
+        t = threading.Thread(target=stream)
+        t.start()
+        assert first.wait(60), srv.output()[-3000:]
+        at_signal = len(chunks)
+        rc = srv.stop()
+        t.join(60)
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
+    assert rc == 0, srv.output()[-3000:]
+    assert len(chunks) > at_signal + 1, "the stream ended before SIGTERM: nothing was drained"
+    assert chunks[-1] == "[DONE]", chunks[-3:]
+    finals = [json.loads(c)["choices"][0].get("finish_reason") for c in chunks[:-1]]
+    assert "length" in finals
+
+
+def test_serve_sh_steps_2_serves_the_shipped_pair(tmp_path):
+    """The fresh-clone command: no --model/--draft, the embedded default on CPU."""
+    require_server()
+    if not (ROOT / "shipped" / "target" / "config.json").is_file():
+        pytest.skip("shipped/target and shipped/drafter are not in this tree yet")
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the default profile is h200-native")
+    srv = start_server(["--steps", "2"], tmp_path / "server.log")
+    try:
+        assert "profile cpu-default" in srv.output()
+        name = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        assert completion(srv.url, name)["choices"][0]["text"]
+    finally:
+        rc = srv.stop()
+    assert rc == 0, srv.output()[-3000:]
