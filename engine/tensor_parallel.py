@@ -10,8 +10,9 @@ replicated EAGLE-3 drafter sees the same aux hidden states everywhere.
 
 `model.config` becomes this rank's shard config (local heads, KV heads, intermediate), so
 `setup_cache` sizes the KV cache for local heads; the full config stays in `model.tp.full_config`.
-All-reduces issued in forward hooks are plain c10d collectives: CUDA-graph capturable with
-NCCL once the process group has run one collective (warm it up before capturing).
+All-reduces issued in forward hooks are plain c10d collectives in eager mode (CUDA-graph
+capturable with NCCL once the process group has run one collective: warm it up before
+capturing) and functional collectives under torch.compile.
 """
 from __future__ import annotations
 
@@ -65,8 +66,15 @@ def _slice_cols(linear: nn.Linear, rank: int, parts: int) -> None:
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
 def _all_reduce_hook(group):
     def hook(module, args, output):
+        if _compiling():  # functional collectives trace into torch.compile graphs (gpt-fast)
+            from torch.distributed import _functional_collectives as funcol
+            return funcol.all_reduce(output, "sum", group or dist.group.WORLD)
         dist.all_reduce(output, op=dist.ReduceOp.SUM, group=group)
         return output
     return hook
@@ -76,8 +84,12 @@ def _all_gather_vocab_hook(group, world_size: int):
     def hook(module, args, output):
         # output [..., V/world] -> [..., V]: gather along dim 0, then move the rank axis next to vocab.
         out = output.contiguous()
-        gathered = torch.empty((world_size * out.shape[0], *out.shape[1:]), dtype=out.dtype, device=out.device)
-        _all_gather(gathered, out, group=group)
+        if _compiling():
+            from torch.distributed import _functional_collectives as funcol
+            gathered = funcol.all_gather_tensor(out, 0, group or dist.group.WORLD)
+        else:
+            gathered = torch.empty((world_size * out.shape[0], *out.shape[1:]), dtype=out.dtype, device=out.device)
+            _all_gather(gathered, out, group=group)
         gathered = gathered.view(world_size, *out.shape)
         return gathered.movedim(0, -2).reshape(*out.shape[:-1], world_size * out.shape[-1])
     return hook

@@ -1,0 +1,34 @@
+# A fresh machine needs two commands (README.md): `make serve` and `make test`.
+# Both create .venv (or use VENV=...) and install what they need from PyPI; `make test`
+# also installs SGLang's argument parser (without its GPU kernels) and Debian's prometheus.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# CPU build of torch (a local wheel on the project's machines); GPU users install their own first.
+TORCH ?= torch==2.13.0
+SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase64 requests psutil \
+	setproctitle uvloop aiohttp fastapi openai xxhash zstandard ipython pyyaml triton
+
+.PHONY: install install-dev serve test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH)" -e .
+
+install-dev: $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH)" -e ".[dev,train,bench]"
+	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	$(BIN)/pip install -q $(SGLANG_PARSER_DEPS)
+	command -v prometheus >/dev/null || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus)
+
+serve: install
+	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
+
+test: install-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,370 @@
+"""All-reduce latency of decode-sized messages for NCCL protocol / algorithm / P2P settings.
+
+Why graphs: timed from a host loop, an 8 KB-1 MB all-reduce on 2x H200 costs 35-45 us for
+every setting, because kernel launch overhead hides the differences (DESIGN §6). Decode
+runs captured in CUDA graphs, so the number that matters is the per-all-reduce time of many
+all-reduces captured in ONE graph (default 100 per graph, 20 replays, CUDA events, median).
+Host-loop timings (back-to-back launches, and one synchronised op at a time) are reported
+for contrast.
+
+Each combination runs in fresh processes (one per GPU) with its environment set before
+init_process_group: NCCL reads NCCL_* once per process. NCCL_NVLS_ENABLE=0 always (required
+on the lent machines); NCCL_P2P_DISABLE=1 approximates PCIe GPUs without peer-to-peer.
+Message sizes are hidden x tokens x 2 bytes (bf16): tokens in flight at batch 1 decode and
+verify. The fastest P2P setting (and the fastest P2P-disabled one, for PCIe-like machines)
+is written as a launch-profile fragment ([env] table).
+
+  python -m benchmarks.nccl_sweep --nproc 2                 # 2 GPUs, ~3 min for 19 combinations
+  python -m benchmarks.nccl_sweep --dry-run --max-combos 2  # CPU smoke test (gloo, no graphs)
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import queue as queue_mod
+import socket
+import statistics
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.report import md_table, provenance, pyplot, write_json
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "nccl"
+BASE_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"}
+SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE")
+PROTOS, ALGOS, P2P_LEVELS = ("LL", "LL128", "Simple"), ("Ring", "Tree"), ("NVL", "SYS")
+
+
+@dataclass(frozen=True)
+class Combo:
+    label: str
+    env: tuple[tuple[str, str], ...]   # the swept variables only; BASE_ENV is added to all
+
+    @property
+    def p2p_disabled(self) -> bool:
+        return dict(self.env).get("NCCL_P2P_DISABLE") == "1"
+
+
+def all_combos(p2p_disable: bool = True) -> list[Combo]:
+    out = [Combo("default", ())]
+    for proto, algo, lvl in itertools.product(PROTOS, ALGOS, P2P_LEVELS):
+        out.append(Combo(f"{proto}/{algo}/P2P {lvl}",
+                         (("NCCL_PROTO", proto), ("NCCL_ALGO", algo), ("NCCL_P2P_LEVEL", lvl))))
+    if p2p_disable:
+        for proto, algo in itertools.product(PROTOS, ALGOS):
+            out.append(Combo(f"{proto}/{algo}/P2P off",
+                             (("NCCL_PROTO", proto), ("NCCL_ALGO", algo), ("NCCL_P2P_DISABLE", "1"))))
+    return out
+
+
+@dataclass
+class SweepConfig:
+    hidden: int = 7168
+    tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    ops_per_graph: int = 100
+    replays: int = 20
+    host_ops: int = 100
+    dry_run: bool = False
+
+
+@dataclass
+class ComboResult:
+    label: str
+    env: dict
+    rows: list[dict] = field(default_factory=list)   # per message size
+    error: str = ""
+    elapsed_s: float = 0.0
+    nccl_version: str = ""
+
+    @property
+    def p2p_disabled(self) -> bool:
+        return self.env.get("NCCL_P2P_DISABLE") == "1"
+
+
+# -- one process per rank --------------------------------------------------------------------
+def _worker(rank: int, world: int, env: dict, init: str, cfg: SweepConfig, out) -> None:
+    for k in SWEPT:                     # what the parent had exported must not leak into a combination
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    try:
+        import torch
+        import torch.distributed as dist
+        cuda = not cfg.dry_run
+        if cuda:
+            torch.cuda.set_device(rank)
+        device = torch.device(f"cuda:{rank}" if cuda else "cpu")
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
+                                **({"device_id": device} if cuda else {}))
+        dtype = torch.bfloat16  # decode activations; gloo reduces bf16 too
+        rows = []
+        for t in cfg.tokens:
+            x = torch.zeros(cfg.hidden * t, dtype=dtype, device=device)
+            for _ in range(5):
+                dist.all_reduce(x)
+            _sync(device)
+            rows.append({"tokens": t, "bytes": x.numel() * x.element_size(),
+                         "graph_us": _time_graph(x, cfg) if cuda else None,
+                         "host_loop_us": _time_host_loop(x, cfg, device),
+                         "host_sync_us": _time_host_sync(x, cfg, device)})
+        version = ".".join(map(str, torch.cuda.nccl.version())) if cuda else "gloo"
+        dist.barrier()
+        dist.destroy_process_group()
+        if rank == 0:
+            out.put({"rows": rows, "nccl_version": version})
+    except Exception:
+        out.put({"error": f"rank {rank}: {traceback.format_exc(limit=4)}"})
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_graph(x, cfg: SweepConfig) -> float:
+    """Median per-all-reduce microseconds of `ops_per_graph` all-reduces replayed as one graph."""
+    import torch
+    import torch.distributed as dist
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the c10d watchdog thread may query events of earlier collectives meanwhile.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(cfg.ops_per_graph):
+            dist.all_reduce(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    # Replays back to back with an event between each: the host never stalls the GPU, and rank
+    # skew only delays the first replay.
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(cfg.replays + 1)]
+    events[0].record()
+    for i in range(cfg.replays):
+        graph.replay()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    per_op = [events[i].elapsed_time(events[i + 1]) * 1000.0 / cfg.ops_per_graph for i in range(cfg.replays)]
+    del graph
+    return statistics.median(per_op)
+
+
+def _time_host_loop(x, cfg: SweepConfig, device) -> float:
+    """Mean microseconds per all-reduce launched back to back from Python (launch-bound when small)."""
+    import torch.distributed as dist
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(cfg.host_ops):
+        dist.all_reduce(x)
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e6 / cfg.host_ops
+
+
+def _time_host_sync(x, cfg: SweepConfig, device) -> float:
+    """Median microseconds of one all-reduce followed by a device synchronise."""
+    import torch.distributed as dist
+    times = []
+    for _ in range(max(5, cfg.host_ops // 4)):
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+# -- the parent: one fresh process group per combination ---------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_combo(ctx, combo: Combo, world: int, cfg: SweepConfig, timeout_s: float) -> ComboResult:
+    env = {**BASE_ENV, **dict(combo.env)}
+    res = ComboResult(combo.label, env)
+    out = ctx.Queue()
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [ctx.Process(target=_worker, args=(r, world, env, init, cfg, out), daemon=True) for r in range(world)]
+    t0 = time.time()
+    for p in procs:
+        p.start()
+    try:
+        got = out.get(timeout=timeout_s)
+        res.rows, res.nccl_version = got.get("rows", []), got.get("nccl_version", "")
+        res.error = got.get("error", "")
+    except queue_mod.Empty:
+        res.error = f"timed out after {timeout_s:.0f} s"
+    for p in procs:
+        p.join(timeout=10 if not res.error else 2)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+    res.elapsed_s = time.time() - t0
+    return res
+
+
+def score(res: ComboResult, key: str) -> float | None:
+    """Geometric mean latency over message sizes (each size counts equally)."""
+    vals = [r[key] for r in res.rows if r.get(key)]
+    if res.error or not vals or len(vals) != len(res.rows):
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def pick(results: list[ComboResult], key: str, p2p_disabled: bool) -> ComboResult | None:
+    cands = [r for r in results if score(r, key) is not None and r.p2p_disabled == p2p_disabled]
+    return min(cands, key=lambda r: score(r, key)) if cands else None
+
+
+def fragment(best: ComboResult, key: str, note: str, header: str) -> str:
+    lines = [f"# {header}", f"# {note}",
+             f"# geometric-mean all-reduce latency {score(best, key):.1f} us ({key}); setting: {best.label}",
+             "[env]"]
+    lines += [f'{k} = "{v}"' for k, v in sorted(best.env.items())]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(result: dict, results: list[ComboResult], key: str) -> str:
+    sizes = [r["bytes"] for r in next((x.rows for x in results if x.rows), [])]
+    default = next((r for r in results if r.label == "default"), None)
+    base = score(default, key) if default else None
+
+    def table(k: str) -> str:
+        rows = []
+        for r in results:
+            by = {x["bytes"]: x.get(k) for x in r.rows}
+            s = score(r, k)
+            rows.append([r.label] + [by.get(b) for b in sizes]
+                        + [s, f"{s / score(default, k):.2f}" if s and default and score(default, k) else None,
+                           r.error.splitlines()[-1][:60] if r.error else ""])
+        return md_table(["setting"] + [_kb(b) for b in sizes] + ["geomean us", "vs default", "error"], rows)
+
+    c = result["config"]
+    backend = "gloo on CPU (dry run: timings meaningless)" if c["dry_run"] else "NCCL " + result["nccl_version"]
+    out = [f"# NCCL all-reduce sweep: {result['name']}\n\n", f"`{result['provenance']['command']}`\n\n",
+           f"{result['world_size']} ranks, {backend}, "
+           f"messages hidden {c['hidden']} x tokens {list(c['tokens'])} x 2 bytes; base env {BASE_ENV}; "
+           f"{result['total_s']:.0f} s total.\n"]
+    if not c["dry_run"]:
+        out += [f"\n## Captured in one CUDA graph ({c['ops_per_graph']} all-reduces per graph, median of "
+                f"{c['replays']} replays), us per all-reduce\n\n", table("graph_us")]
+    out += ["\n## Host loop, back-to-back launches, us per all-reduce\n\n", table("host_loop_us"),
+            "\n## Host loop, one all-reduce + synchronise at a time (median), us\n\n", table("host_sync_us")]
+    for tag in ("best", "best_no_p2p"):
+        b = result.get(tag)
+        if b:
+            out.append(f"\n**{tag}** ({key}): {b['label']}, geomean {b['score_us']:.1f} us"
+                       + (f" ({b['score_us'] / base:.2f}x default)" if base else "") + f" -> `{b['fragment']}`\n")
+    return "".join(out)
+
+
+def _kb(b: int) -> str:
+    return f"{b / 1024:.0f} KB" if b < 1 << 20 else f"{b / (1 << 20):.2f} MB"
+
+
+def plot(results: list[ComboResult], cfg: SweepConfig, path: Path, title: str) -> Path:
+    plt = pyplot()
+    keys = ([("graph_us", "captured in one CUDA graph")] if not cfg.dry_run else []) + \
+        [("host_sync_us", "host loop, synchronised per op")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5), squeeze=False)
+    for ax, (key, name) in zip(axes[0], keys):
+        for i, r in enumerate(results):
+            pts = [(x["bytes"] / 1024, x[key]) for x in r.rows if x.get(key)]
+            if pts:
+                ax.plot(*zip(*pts), marker=".", ls=":" if r.p2p_disabled else "-", color=plt.cm.tab20(i % 20),
+                        lw=2.5 if r.label == "default" else 1, label=r.label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message KB")
+        ax.set_ylabel("us per all-reduce")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU)")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
+    ap.add_argument("--ops-per-graph", type=int, default=100)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--host-ops", type=int, default=100)
+    ap.add_argument("--no-p2p-disable", action="store_true", help="skip the NCCL_P2P_DISABLE=1 combinations")
+    ap.add_argument("--only", help="comma list of combination labels to run (e.g. 'default,LL/Ring/P2P SYS')")
+    ap.add_argument("--max-combos", type=int, default=0, help="run only the first N combinations (smoke tests)")
+    ap.add_argument("--combo-timeout", type=float, default=45.0, help="seconds before a hung combination is killed")
+    ap.add_argument("--dry-run", action="store_true", help="CPU smoke mode: gloo, no CUDA graphs")
+    ap.add_argument("--name", help="output stem (default <nproc>x<gpu>)")
+    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    args = ap.parse_args(argv)
+
+    cfg = SweepConfig(hidden=args.hidden, tokens=tuple(int(t) for t in args.tokens.split(",")),
+                      ops_per_graph=args.ops_per_graph, replays=args.replays, host_ops=args.host_ops,
+                      dry_run=args.dry_run)
+    combos = all_combos(not args.no_p2p_disable)
+    if args.only:
+        want = [w.strip() for w in args.only.split(",")]
+        combos = [c for c in combos if c.label in want]
+    if args.max_combos:
+        combos = combos[:args.max_combos]
+    import multiprocessing as mp
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])  # import once; CUDA starts in each child
+    name = args.name or f"{args.nproc}x{'cpu-dry-run' if args.dry_run else _gpu_name()}"
+
+    t0, results = time.time(), []
+    for i, combo in enumerate(combos):
+        r = run_combo(ctx, combo, args.nproc, cfg, args.combo_timeout)
+        results.append(r)
+        s = score(r, "host_sync_us" if cfg.dry_run else "graph_us")
+        print(f"[{i + 1}/{len(combos)}] {combo.label:<22} {r.elapsed_s:5.1f} s  "
+              + (f"geomean {s:.1f} us" if s else f"ERROR {r.error.strip().splitlines()[-1] if r.error else ''}"),
+              flush=True)
+    key = "host_sync_us" if cfg.dry_run else "graph_us"
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"name": name, "world_size": args.nproc, "config": asdict(cfg), "base_env": BASE_ENV,
+              "nccl_version": next((r.nccl_version for r in results if r.nccl_version), ""),
+              "total_s": time.time() - t0, "score": f"geometric mean of {key} over message sizes",
+              "results": [asdict(r) for r in results], "provenance": provenance(argv)}
+    header = f"written by benchmarks/nccl_sweep.py ({result['provenance']['created']}, {name})"
+    for tag, p2p_off, note in (
+            ("best", False, "fastest setting with peer-to-peer on this machine"),
+            ("best_no_p2p", True, "fastest with NCCL_P2P_DISABLE=1: an approximation of PCIe GPUs without P2P")):
+        b = pick(results, key, p2p_off)
+        if b:
+            frag = out / f"{name}-{tag.replace('_', '-')}.toml"
+            frag.write_text(fragment(b, key, note, header))
+            result[tag] = {"label": b.label, "env": b.env, "score_us": score(b, key), "fragment": str(frag)}
+    write_json(out / f"{name}.json", result)
+    (out / f"{name}.md").write_text(markdown(result, results, key))
+    plot(results, cfg, out / f"{name}.png", f"all-reduce latency, {args.nproc} ranks ({name})")
+    print(markdown(result, results, key))
+    return result
+
+
+def _gpu_name() -> str:
+    try:
+        import subprocess
+        n = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=20).stdout.splitlines()[0]
+        return n.replace("NVIDIA ", "").replace(" ", "-")
+    except Exception:  # no nvidia-smi, no GPU: a generic name
+        return "gpu"
+
+
+if __name__ == "__main__":
+    main()

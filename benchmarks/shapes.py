@@ -1,0 +1,93 @@
+"""Random-weight models of named shapes, built directly on the device, for speed measurements.
+
+Decode speed depends on shapes and bytes, not on weight values, so an 8B-shaped target
+(Llama-3-8B: hidden 4096, 32 layers, 32/8 heads, intermediate 14336, vocab 128256) and its
+matching EAGLE-3 drafter stand in for checkpoints we cannot download. The same seed gives the
+same weights in every process, which tensor-parallel ranks rely on before slicing.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from models.eagle3 import Eagle3Config, Eagle3Drafter
+from models.layers import rope_inv_freq
+from models.llama import LlamaConfig, LlamaModel
+
+TARGETS = {
+    "8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+                      rope_theta=500000.0),
+    "tiny": LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024),
+}
+DRAFT_VOCAB = {"8b": 32000, "tiny": 256}
+
+
+def drafter_config(target: LlamaConfig, draft_vocab: int, aux_layer_ids: list[int]) -> Eagle3Config:
+    """The EAGLE-3 drafter that matches a target: one layer of the target's width and heads."""
+    return Eagle3Config(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+                        num_attention_heads=target.num_attention_heads,
+                        num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+                        vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
+                        target_hidden_size=target.hidden_size, aux_layer_ids=aux_layer_ids,
+                        rope_theta=target.rope_theta, max_position_embeddings=target.max_position_embeddings)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _scale_(module: torch.nn.Module, std: float) -> None:
+    """Small normal weights keep activations finite through many random layers."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, std)
+
+
+def random_target(shape: str, device, dtype=torch.bfloat16, seed: int = 0) -> LlamaModel:
+    config = TARGETS[shape]
+    torch.manual_seed(seed)
+    with torch.device(device), _default_dtype(dtype):
+        model = LlamaModel(config)
+    _scale_(model, 0.02)
+    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def random_drafter(target: LlamaModel, shape: str, seed: int = 1) -> Eagle3Drafter:
+    tc = getattr(getattr(target, "tp", None), "full_config", None) or target.config
+    w = target.embed_tokens.weight
+    cfg = drafter_config(tc, DRAFT_VOCAB[shape], list(target.aux_layer_ids))
+    torch.manual_seed(seed)
+    with torch.device(w.device), _default_dtype(w.dtype):
+        d = Eagle3Drafter(cfg)
+    _scale_(d, 0.02)
+    d.embed_tokens.weight = target.embed_tokens.weight
+    dv = cfg.draft_vocab_size
+    used = torch.arange(dv, device=w.device) * (cfg.vocab_size // dv)
+    d.d2t.copy_(used - torch.arange(dv, device=w.device))
+    d.t2d.zero_()
+    d.t2d[used] = True
+    d.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(w.device)
+    return d.eval().requires_grad_(False)
+
+
+def weight_bytes(module: torch.nn.Module, skip_embedding: bool = True) -> int:
+    """Bytes a decode step streams from memory: every weight once; the embedding only per token."""
+    total = 0
+    seen = set()
+    for name, p in module.named_parameters():
+        if id(p) in seen or (skip_embedding and "embed_tokens" in name):
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
