@@ -1,0 +1,215 @@
+"""`drafter` command: data, vocab, train, export, eval, inspect, compare.
+
+    drafter data --prompts P.jsonl --out DATA (--endpoint URL --model NAME --tokenizer DIR | --target DIR)
+    drafter vocab --data DATA --size 32000
+    drafter train --target DIR --data DATA --out RUN [--max-steps N] [--resume]   (torchrun for multi-GPU)
+    drafter export RUN OUT [--serving-engine sglang-llama|sglang-deepseek|vllm]
+    drafter eval --target DIR --draft OUT [--draft OTHER] --prompts P.jsonl --steps 1,2,3
+    drafter inspect CONFIG [--target-layers N]
+    drafter compare A B [--target-layers N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.replace(" ", "").split(",") if x]
+
+
+def cmd_data(a) -> int:
+    from drafter.data import DataConfig, run_data
+    from drafter.generate import GenParams
+    stats = run_data(DataConfig(
+        prompts=a.prompts, out=a.out, endpoint=a.endpoint, model=a.model, api_key=a.api_key, target=a.target,
+        tokenizer=a.tokenizer, keep_responses=a.keep_responses, request_token_ids=a.request_token_ids,
+        gen=GenParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, max_turns=a.max_turns),
+        concurrency=a.concurrency, retries=a.retries, timeout_s=a.timeout, limit=a.limit, shard_size=a.shard_size,
+        device=a.device, dtype=a.dtype, max_batch=a.max_batch))
+    print(json.dumps(stats))
+    return 0
+
+
+def cmd_vocab(a) -> int:
+    from drafter.shards import TokenShards
+    from drafter.vocab import VOCAB_FILE, build_vocab
+    from models.llama import read_hf_config
+    if a.target:
+        vocab_size = read_hf_config(a.target)["vocab_size"]
+    else:
+        vocab_size = json.loads((Path(a.data) / "index.json").read_text())["vocab_size"]
+    v = build_vocab(TokenShards(a.data).whole_shards(), vocab_size, a.size)
+    out = a.out or str(Path(a.data) / VOCAB_FILE)
+    v.save(out)
+    print(json.dumps({"vocab": out, "draft_vocab_size": v.size, "target_vocab_size": vocab_size,
+                      "seen_ids": int((v.counts > 0).sum()), "coverage": round(v.coverage(), 4)}))
+    return 0
+
+
+def cmd_train(a) -> int:
+    from drafter.train import TrainConfig, train
+    c = TrainConfig(
+        target=a.target, data=a.data, out=a.out, vocab=a.vocab,
+        aux_layers=_ints(a.aux_layers) if a.aux_layers else None,
+        intermediate_size=a.intermediate_size, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
+        head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
+        warmup_steps=a.warmup_steps, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
+        batch_size=a.batch_size, grad_accum=a.grad_accum, max_length=a.max_length, epochs=a.epochs,
+        max_steps=a.max_steps, stop_at=a.stop_at, save_every=a.save_every, keep_checkpoints=a.keep,
+        log_every=a.log_every,
+        seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
+    out = train(c)
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps({"run": str(out)}))
+    return 0
+
+
+def cmd_export(a) -> int:
+    from drafter.export import export
+    out = export(a.run, a.out, step=a.step, serving_engine=a.serving_engine, dtype=a.dtype)
+    print(json.dumps({"drafter": str(out)}))
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from drafter.evaluate import evaluate, table, write_json
+    results = evaluate(a.target, a.draft, a.prompts, _ints(a.steps), max_tokens=a.max_tokens, limit=a.limit,
+                       device=a.device, dtype=a.dtype, max_batch=a.max_batch)
+    print(table(results))
+    if a.out:
+        write_json(results, a.out)
+    return 0
+
+
+def cmd_inspect(a) -> int:
+    from drafter.params import inspect_text
+    print(inspect_text(a.config, a.target_layers))
+    return 0
+
+
+def cmd_compare(a) -> int:
+    from drafter.params import compare_text
+    print(compare_text(a.a, a.b, a.target_layers))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="drafter", description="EAGLE-3 drafter pipeline")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("data", help="prompts -> target-regenerated, tokenized, sharded conversations")
+    d.add_argument("--prompts", required=True, help="ShareGPT JSONL or JSONL of {'messages': [...]}")
+    d.add_argument("--out", required=True, help="data directory (generated.jsonl, shards/)")
+    d.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
+    d.add_argument("--model", help="model name at the endpoint")
+    d.add_argument("--api-key")
+    d.add_argument("--target", help="generate in-process through the native engine from this model directory")
+    d.add_argument("--tokenizer", help="the target's tokenizer directory (default: --target)")
+    d.add_argument("--keep-responses", action="store_true", help="use the data set's answers, no regeneration")
+    d.add_argument("--request-token-ids", action="store_true",
+                   help="send return_token_ids (vLLM extension) and train on the exact generated ids")
+    d.add_argument("--max-tokens", type=int, default=2048)
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--max-turns", type=int, default=0, help="user turns to answer per conversation (0: all)")
+    d.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    d.add_argument("--retries", type=int, default=5)
+    d.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    d.add_argument("--limit", type=int, default=0, help="use only the first N conversations")
+    d.add_argument("--shard-size", type=int, default=10000, help="conversations per shard")
+    d.add_argument("--device", default="auto")
+    d.add_argument("--dtype", default="auto")
+    d.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
+    d.set_defaults(fn=cmd_data)
+
+    v = sub.add_parser("vocab", help="draft vocabulary (d2t/t2d) from the loss-masked tokens")
+    v.add_argument("--data", required=True)
+    v.add_argument("--size", type=int, default=32000, help="draft vocabulary size")
+    v.add_argument("--target", help="target directory (its vocab_size; default: the data's tokenizer size)")
+    v.add_argument("--out", help="default: <data>/draft_vocab.safetensors")
+    v.set_defaults(fn=cmd_vocab)
+
+    t = sub.add_parser("train", help="online TTT training with the target in the loop")
+    t.add_argument("--target", required=True)
+    t.add_argument("--data", required=True)
+    t.add_argument("--out", required=True, help="run directory")
+    t.add_argument("--vocab", help="default: <data>/draft_vocab.safetensors")
+    t.add_argument("--aux-layers", help="target layer OUTPUTS to capture, e.g. 1,15,28 (default [1, L//2-1, L-4])")
+    t.add_argument("--intermediate-size", type=int)
+    t.add_argument("--num-heads", type=int)
+    t.add_argument("--num-kv-heads", type=int)
+    t.add_argument("--head-dim", type=int)
+    t.add_argument("--ttt-length", type=int, default=7)
+    t.add_argument("--step-weight", type=float, default=0.8)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--min-lr-ratio", type=float, default=0.0)
+    t.add_argument("--warmup-steps", type=int, default=-1, help="-1: --warmup-ratio of the steps")
+    t.add_argument("--warmup-ratio", type=float, default=0.015)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--grad-clip", type=float, default=0.5)
+    t.add_argument("--batch-size", type=int, default=4, help="sequences per micro-batch per GPU")
+    t.add_argument("--grad-accum", type=int, default=1)
+    t.add_argument("--max-length", type=int, default=2048)
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--max-steps", type=int, default=0, help="optimizer steps (0: from --epochs)")
+    t.add_argument("--stop-at", type=int, default=0,
+                   help="end this run after step N with a checkpoint; continue later with --resume")
+    t.add_argument("--save-every", type=int, default=1000)
+    t.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
+    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="auto")
+    t.add_argument("--no-init-lm-head", action="store_true", help="random lm_head instead of the target's rows")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("export", help="write the SGLang/vLLM EAGLE-3 checkpoint")
+    e.add_argument("run", help="training run directory")
+    e.add_argument("out", help="output drafter directory")
+    e.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    e.add_argument("--serving-engine", default="sglang-llama", choices=["sglang-llama", "sglang-deepseek", "vllm"],
+                   help="which engine's aux-id convention to write")
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    e.set_defaults(fn=cmd_export)
+
+    ev = sub.add_parser("eval", help="accept length through the native engine")
+    ev.add_argument("--target", required=True)
+    ev.add_argument("--draft", required=True, action="append", help="drafter directory (repeat to compare)")
+    ev.add_argument("--prompts", required=True, help="prompt file (first user turn of each conversation)")
+    ev.add_argument("--steps", default="1,2,3", help="comma-separated speculative step counts")
+    ev.add_argument("--max-tokens", type=int, default=256)
+    ev.add_argument("--limit", type=int, default=0)
+    ev.add_argument("--device", default="auto")
+    ev.add_argument("--dtype", default="auto")
+    ev.add_argument("--max-batch", type=int, default=16)
+    ev.add_argument("--out", help="write results as JSON")
+    ev.set_defaults(fn=cmd_eval)
+
+    i = sub.add_parser("inspect", help="parameter breakdown of a drafter config")
+    i.add_argument("config", help="config.json or a drafter directory")
+    i.add_argument("--target-layers", type=int, help="target layer count (default: recorded in the config)")
+    i.set_defaults(fn=cmd_inspect)
+
+    c = sub.add_parser("compare", help="side-by-side parameters and aux-layer captures of two configs")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--target-layers", type=int, help="target layer count (default: recorded in each config)")
+    c.set_defaults(fn=cmd_compare)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"drafter {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""`drafter data`: prompts -> target-regenerated conversations -> tokenized shards.
+
+Layout of the output directory:
+  generated.jsonl          conversations with the target's answers (append-only, resumable)
+  generated.failed.jsonl   requests that failed for good (retried on the next run)
+  shards/shard-*.safetensors, index.json   tokenized training data (see drafter/shards.py)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafter.generate import EndpointBackend, GenParams, NativeBackend, regenerate
+from drafter.prompts import count_lines, read_prompts
+from drafter.shards import write_shards
+
+GENERATED = "generated.jsonl"
+
+
+@dataclass
+class DataConfig:
+    prompts: str
+    out: str
+    endpoint: str | None = None       # OpenAI-compatible base URL, e.g. http://host:8000/v1
+    model: str | None = None          # model name for the endpoint
+    api_key: str | None = None
+    target: str | None = None         # in-process generation through the native engine
+    tokenizer: str | None = None      # default: the target directory
+    keep_responses: bool = False      # skip regeneration: use the data set's own answers
+    request_token_ids: bool = False   # ask the endpoint for exact ids (vLLM `return_token_ids`)
+    gen: GenParams = None
+    concurrency: int = 64
+    retries: int = 5
+    timeout_s: float = 600.0
+    limit: int = 0
+    shard_size: int = 10000
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch: int = 16
+
+
+def _backend(c: DataConfig):
+    if c.endpoint:
+        if not c.model:
+            raise ValueError("--endpoint needs --model (the name the endpoint serves)")
+        return EndpointBackend(c.endpoint, c.model, c.api_key, concurrency=c.concurrency, timeout_s=c.timeout_s,
+                               retries=c.retries, request_token_ids=c.request_token_ids)
+    if c.target:
+        return NativeBackend(c.target, device=c.device, dtype=c.dtype, max_batch=c.max_batch)
+    raise ValueError("give --endpoint URL --model NAME, or --target DIR, or --keep-responses")
+
+
+async def _generate(c: DataConfig, out: Path) -> dict:
+    backend = _backend(c)
+    await backend.start()
+    try:
+        total = count_lines(c.prompts)
+        total = min(total, c.limit) if c.limit else total
+        return await regenerate(read_prompts(c.prompts, c.limit), backend, out, c.gen or GenParams(),
+                                concurrency=c.concurrency, total=total)
+    finally:
+        await backend.close()
+
+
+def _copy_responses(c: DataConfig, out: Path) -> dict:
+    with open(out, "w", encoding="utf-8") as f:
+        n = 0
+        for conv in read_prompts(c.prompts, c.limit):
+            f.write(json.dumps({"id": conv.id, "messages": conv.messages, "finish_reasons": []},
+                               ensure_ascii=False) + "\n")
+            n += 1
+    return {"copied": n}
+
+
+def run_data(c: DataConfig) -> dict:
+    from transformers import AutoTokenizer
+    out_dir = Path(c.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok_path = c.tokenizer or c.target
+    if not tok_path:
+        raise ValueError("--tokenizer DIR is needed with --endpoint (the target's tokenizer and chat template)")
+    tok = AutoTokenizer.from_pretrained(tok_path)
+    generated = out_dir / GENERATED
+    stats = _copy_responses(c, generated) if c.keep_responses else asyncio.run(_generate(c, generated))
+    infos = write_shards(generated, tok, out_dir, c.shard_size)
+    stats.update(shards=len(infos), records=sum(i.records for i in infos), tokens=sum(i.tokens for i in infos),
+                 loss_tokens=sum(i.loss_tokens for i in infos))
+    return stats

@@ -1,0 +1,97 @@
+"""`drafter eval`: accept length and per-position acceptance on held-out prompts, through the
+native engine in this process, greedy, at each requested step count (chain, topk 1).
+
+Accept length = completion_tokens / verify_steps (bonus token included, DESIGN §2);
+per-position acceptance[i] = verify steps whose i-th draft token was accepted / verify steps.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from drafter.prompts import read_prompts
+
+
+@dataclass
+class EvalResult:
+    draft: str
+    steps: int
+    prompts: int
+    completion_tokens: int
+    verify_steps: int
+    accept_length: float
+    accept_rate: float
+    per_position: list[float]
+
+
+async def _eval_one(target: str, draft: str, steps: int, prompts: list[list[dict]], max_tokens: int,
+                    device: str, dtype: str, max_batch: int) -> EvalResult:
+    from engine.api import SamplingParams
+    from engine.decoder import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine
+
+    engine = build_engine(NativeEngineArgs(model=target, draft=draft, spec=SpecConfig(steps=steps), device=device,
+                                           dtype=dtype, max_batch=max_batch, max_waiting=1 << 30))
+    await engine.start()
+    tok = engine.tokenizer
+    bar = tqdm(total=len(prompts), desc=f"eval {Path(draft).name} steps={steps}", unit="prompt")
+
+    async def one(messages):
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        room = engine.info.max_context - len(ids) - 1
+        last = None
+        async for out in engine.generate(uuid.uuid4().hex, ids, SamplingParams(max_tokens=min(max_tokens, room),
+                                                                               temperature=0.0)):
+            if out.error:
+                raise RuntimeError(out.error)
+            last = out
+        bar.update(1)
+        return last
+
+    try:
+        outs = await asyncio.gather(*(one(m) for m in prompts))
+    finally:
+        bar.close()
+        await engine.shutdown()
+    completion = sum(o.completion_tokens for o in outs)
+    verify = sum(o.spec.verify_steps for o in outs)
+    proposed = sum(o.spec.proposed_draft_tokens for o in outs)
+    accepted = sum(o.spec.accepted_draft_tokens for o in outs)
+    per_pos = [0] * steps
+    for o in outs:
+        for i, n in enumerate(o.spec.accepted_per_position[:steps]):
+            per_pos[i] += n
+    return EvalResult(draft=str(draft), steps=steps, prompts=len(prompts), completion_tokens=completion,
+                      verify_steps=verify, accept_length=round(completion / verify, 4) if verify else 0.0,
+                      accept_rate=round(accepted / proposed, 4) if proposed else 0.0,
+                      per_position=[round(n / verify, 4) if verify else 0.0 for n in per_pos])
+
+
+def evaluate(target: str, drafts: list[str], prompts_file: str, steps: list[int], *, max_tokens: int = 256,
+             limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16) -> list[EvalResult]:
+    prompts = [c.first_prompt() for c in read_prompts(prompts_file, limit)]
+    return [asyncio.run(_eval_one(target, d, s, prompts, max_tokens, device, dtype, max_batch))
+            for d in drafts for s in steps]
+
+
+def table(results: list[EvalResult]) -> str:
+    width = max(r.steps for r in results)
+    name_w = max(12, *(len(Path(r.draft).name) for r in results))
+    positions = "  ".join(f"{'pos' + str(i + 1):>6}" for i in range(width))
+    head = f"{'draft':<{name_w}}  steps  accept_len  accept_rate  {positions}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        pos = "  ".join(f"{p:6.3f}" for p in r.per_position)
+        name = Path(r.draft).name
+        lines.append(f"{name:<{name_w}}  {r.steps:5d}  {r.accept_length:10.3f}  {r.accept_rate:11.3f}  {pos}")
+    return "\n".join(lines)
+
+
+def write_json(results: list[EvalResult], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")

@@ -1,0 +1,215 @@
+"""Regenerate assistant turns with the target: through any OpenAI-compatible endpoint or
+in-process through the native engine, with bounded concurrency, retries and resume.
+
+Why regenerate: the drafter must predict what *this target* says, so training responses come
+from the target itself (greedy by default), not from the data set's original model.
+Output: `generated.jsonl`, one finished conversation per line, appended as requests finish;
+a rerun skips the ids already there.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Protocol
+
+from tqdm import tqdm
+
+from drafter.prompts import Conversation
+
+
+@dataclass
+class GenParams:
+    max_tokens: int = 2048
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_turns: int = 0          # regenerate at most this many user turns per conversation (0: all)
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str | None
+    token_ids: list[int] | None = None   # the exact generated ids, when the backend knows them
+
+
+class GenerationFailed(RuntimeError):
+    """A request failed for good (non-retryable status, or retries exhausted)."""
+
+
+class Backend(Protocol):
+    async def start(self) -> None: ...
+    async def complete(self, messages: list[dict], p: GenParams) -> Completion: ...
+    async def close(self) -> None: ...
+
+
+class EndpointBackend:
+    """POST {endpoint}/chat/completions; retries timeouts, connection errors, 408/409/429/5xx with
+    exponential backoff and jitter (honouring Retry-After). A choice carrying `token_ids` (vLLM's
+    `return_token_ids` extension) gives exact ids; otherwise the text is re-tokenized later."""
+
+    def __init__(self, endpoint: str, model: str, api_key: str | None = None, *, concurrency: int = 64,
+                 timeout_s: float = 600.0, retries: int = 5, backoff_s: float = 1.0, max_backoff_s: float = 60.0,
+                 request_token_ids: bool = False, transport=None):
+        self.endpoint, self.model, self.api_key = endpoint.rstrip("/"), model, api_key
+        self.concurrency, self.timeout_s = concurrency, timeout_s
+        self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+        self.request_token_ids = request_token_ids
+        self.transport = transport   # tests pass an httpx.MockTransport
+        self.client = None
+
+    async def start(self) -> None:
+        import httpx
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.client = httpx.AsyncClient(base_url=self.endpoint, headers=headers, timeout=self.timeout_s,
+                                        limits=httpx.Limits(max_connections=self.concurrency),
+                                        transport=self.transport)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def complete(self, messages: list[dict], p: GenParams) -> Completion:
+        import httpx
+        body = {"model": self.model, "messages": messages, "max_tokens": p.max_tokens,
+                "temperature": p.temperature, "top_p": p.top_p, "stream": False}
+        if self.request_token_ids:
+            body["return_token_ids"] = True   # vLLM's extension; the ids come back in choices[0].token_ids
+        error = ""
+        for attempt in range(self.retries + 1):
+            wait = None
+            try:
+                r = await self.client.post("/chat/completions", json=body)
+                if r.status_code == 200:
+                    choice = r.json()["choices"][0]
+                    ids = choice.get("token_ids")
+                    return Completion(choice["message"].get("content") or "", choice.get("finish_reason"),
+                                      ids if isinstance(ids, list) else None)
+                error = f"HTTP {r.status_code}: {r.text[:300]}"
+                if r.status_code not in (408, 409, 429) and r.status_code < 500:
+                    raise GenerationFailed(error)
+                if r.headers.get("retry-after", "").isdigit():
+                    wait = float(r.headers["retry-after"])
+            except (httpx.TransportError, json.JSONDecodeError, KeyError, IndexError) as e:
+                error = f"{type(e).__name__}: {e}"
+            if attempt < self.retries:
+                backoff = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
+                await asyncio.sleep(max(backoff, wait or 0.0))
+        raise GenerationFailed(f"gave up after {self.retries + 1} attempts: {error}")
+
+
+class NativeBackend:
+    """The target in this process through our NativeEngine (batches concurrent requests)."""
+
+    def __init__(self, target: str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 16):
+        from engine.loading import NativeEngineArgs, build_engine
+        self.engine = build_engine(NativeEngineArgs(model=target, device=device, dtype=dtype, max_batch=max_batch,
+                                                    max_waiting=1 << 30))
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.shutdown()
+
+    async def complete(self, messages: list[dict], p: GenParams) -> Completion:
+        from engine.api import SamplingParams
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = tok(text, add_special_tokens=False)["input_ids"]
+        room = self.engine.info.max_context - len(prompt) - 1
+        if room < 1:
+            raise GenerationFailed(f"prompt of {len(prompt)} tokens does not fit the context")
+        params = SamplingParams(max_tokens=min(p.max_tokens, room), temperature=p.temperature, top_p=p.top_p)
+        ids, finish = [], None
+        async for out in self.engine.generate(uuid.uuid4().hex, prompt, params):
+            if out.error:
+                raise GenerationFailed(out.error)
+            ids += out.token_ids
+            finish = out.finish_reason
+        return Completion(tok.decode(ids, skip_special_tokens=True), finish, ids)
+
+
+async def regenerate_one(conv: Conversation, backend: Backend, p: GenParams) -> dict:
+    """Replace every assistant turn by the target's answer to the conversation so far. Exact
+    token ids are kept when the backend has them: decoding then re-encoding text can split
+    tokens differently (or lose partial UTF-8), and the drafter must see what the target saw."""
+    msgs, finishes, turns, ids = [], [], 0, []
+    for m in conv.messages:
+        if m["role"] == "assistant":
+            continue
+        if m["role"] == "user" and p.max_turns and turns >= p.max_turns:
+            break
+        msgs.append(m)
+        if m["role"] == "user":
+            c = await backend.complete(list(msgs), p)
+            msgs.append({"role": "assistant", "content": c.text})
+            finishes.append(c.finish_reason)
+            ids.append(c.token_ids)
+            turns += 1
+    rec = {"id": conv.id, "messages": msgs, "finish_reasons": finishes}
+    if any(i is not None for i in ids):
+        rec["completion_ids"] = ids
+    return rec
+
+
+def done_ids(path: Path) -> set[str]:
+    """Ids already in a generated file; repairs a last line cut by a crash."""
+    if not path.exists():
+        return set()
+    ids, good = set(), 0
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                ids.add(str(json.loads(line)["id"]))
+                good += len(line)
+            except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
+                break
+    with open(path, "rb+") as f:
+        f.truncate(good)
+    return ids
+
+
+async def regenerate(convs: Iterable[Conversation], backend: Backend, out: Path, p: GenParams,
+                     concurrency: int = 64, total: int | None = None) -> dict:
+    """Stream conversations through `concurrency` workers; append each result as it finishes."""
+    done = done_ids(out)
+    failures = out.with_name(out.stem + ".failed.jsonl")
+    stats = {"skipped": 0, "generated": 0, "failed": 0}
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * concurrency)
+    bar = tqdm(total=total, desc="regenerate", unit="conv")
+    with open(out, "a", encoding="utf-8") as f, open(failures, "a", encoding="utf-8") as ff:
+        async def worker():
+            while (conv := await queue.get()) is not None:
+                try:
+                    rec = await regenerate_one(conv, backend, p)
+                except Exception as e:  # noqa: BLE001 - one bad conversation must not stop the run
+                    stats["failed"] += 1
+                    ff.write(json.dumps({"id": conv.id, "error": f"{type(e).__name__}: {e}"}) + "\n")
+                    ff.flush()
+                else:
+                    stats["generated"] += 1
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    f.flush()
+                bar.update(1)
+
+        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        try:
+            for conv in convs:
+                if conv.id in done:
+                    stats["skipped"] += 1
+                    bar.update(1)
+                    continue
+                done.add(conv.id)
+                await queue.put(conv)
+            for _ in workers:
+                await queue.put(None)
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
+            bar.close()
+    return stats

@@ -1,0 +1,74 @@
+"""Read prompt files: ShareGPT JSONL (`{"conversations": [{"from": "human", "value": ...}]}`) or
+JSONL of chat messages (`{"messages": [{"role": "user", "content": ...}]}`), streamed line by line
+so a million-line file costs no memory."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+         "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict]   # {"role": system|user|assistant, "content": str}
+
+    @property
+    def user_turns(self) -> int:
+        return sum(m["role"] == "user" for m in self.messages)
+
+    def first_prompt(self) -> list[dict]:
+        """The messages up to and including the first user turn (what eval sends)."""
+        for i, m in enumerate(self.messages):
+            if m["role"] == "user":
+                return self.messages[:i + 1]
+        return []
+
+
+def parse_record(rec: dict, fallback_id: str) -> Conversation:
+    if "conversations" in rec:
+        raw = [(t.get("from") or t.get("role"), t.get("value", t.get("content"))) for t in rec["conversations"]]
+    elif "messages" in rec:
+        raw = [(m.get("role") or m.get("from"), m.get("content", m.get("value"))) for m in rec["messages"]]
+    else:
+        raise ValueError("expected a 'conversations' (ShareGPT) or 'messages' list")
+    msgs = []
+    for role, content in raw:
+        r = ROLES.get(str(role).lower())
+        if r is None:
+            raise ValueError(f"unknown role {role!r}")
+        if not isinstance(content, str):
+            raise ValueError(f"message content must be a string, got {type(content).__name__}")
+        if r == "assistant" and not any(m["role"] == "user" for m in msgs):
+            continue  # an assistant turn before any user turn has no prompt
+        msgs.append({"role": r, "content": content})
+    return Conversation(id=str(rec.get("id", fallback_id)), messages=msgs)
+
+
+def read_prompts(path: str | Path, limit: int = 0) -> Iterator[Conversation]:
+    """Conversations with at least one user turn; ids default to the 0-based line number."""
+    n = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                conv = parse_record(json.loads(line), str(lineno))
+            except (json.JSONDecodeError, ValueError, AttributeError) as e:
+                raise ValueError(f"{path}:{lineno + 1}: {e}") from None
+            if conv.user_turns == 0:
+                continue
+            yield conv
+            n += 1
+            if limit and n >= limit:
+                return
+
+
+def count_lines(path: str | Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())

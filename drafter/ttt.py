@@ -1,0 +1,149 @@
+"""Training-time test (EAGLE-3): unroll the drafter over its own hidden states, as at inference.
+
+Step 0: at position i the drafter reads the target's aux hidden h_i and token x_{i+1} and
+predicts x_{i+2}. Step k: it reads its own step-(k-1) output hidden at i and the next data
+token x_{i+1+k}, sits at RoPE position i + k, and predicts x_{i+2+k}. Its query attends to
+the step-0 keys of positions 0..i (causal) and, from every step 1..k, only the key of its
+own position i (the diagonal) — exactly the cache a chain draft from position i builds
+(engine/draft_tree.draft_chain writes step j at slot base + j - 1).
+
+Loss at step k: soft cross-entropy against the target's next-token distribution (logits at
+position i + 1 + k) restricted to the draft vocabulary and renormalised, on positions whose
+predicted token is an assistant token and whose target argmax is in the draft vocabulary
+(the drafter cannot propose anything else). Steps are weighted `step_weight ** k`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.eagle3 import Eagle3Drafter
+from models.layers import AttnInputs
+
+
+def ttt_mask(seq_len: int, step: int, device=None) -> torch.Tensor:
+    """[T, (step + 1) * T] bool: step-0 block causal, then one identity block per later step."""
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(seq_len, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+class StepKV:
+    """Stands in for the drafter's KVCache during the unroll: keeps each step's K/V and hands
+    attention their concatenation. No in-place writes, so autograd flows through every step."""
+
+    def __init__(self):
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, inputs: AttnInputs):
+        self.k.append(k)
+        self.v.append(v)
+        return torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)
+
+
+def target_draft_probs(target_logits: torch.Tensor, used: torch.Tensor, t2d: torch.Tensor):
+    """Target distribution over the draft vocab (renormalised) [B, T, Vd] and whether the
+    target's argmax is in the draft vocab [B, T]."""
+    in_vocab = t2d[target_logits.argmax(-1)]
+    probs = target_logits.index_select(-1, used).float().softmax(-1)
+    return probs, in_vocab
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_p: torch.Tensor, mask: torch.Tensor):
+    """(sum over masked positions of -sum_v p_v log q_v, number of masked positions)."""
+    ce = -(target_p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+    mask = mask.to(ce.dtype)
+    return (ce * mask).sum(), mask.sum()
+
+
+@dataclass
+class TTTStats:
+    """Sums over a batch (add them up across batches and ranks, then divide).
+
+    correct[k]: positions whose step-k draft equals the target's argmax (teacher-forced);
+    counted[k]: positions whose step-k prediction is an assistant token;
+    accepted[s]: sum over start positions of the simulated chain acceptance with s + 1 steps
+    (consecutive correct steps, capped); starts: number of start positions.
+    Simulated accept length at s steps = 1 + accepted[s - 1] / starts (bonus token included).
+    """
+    loss: torch.Tensor      # [K] per-step loss (mean over its positions)
+    correct: torch.Tensor   # [K]
+    counted: torch.Tensor   # [K]
+    accepted: torch.Tensor  # [K]
+    starts: torch.Tensor    # []
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.cat([self.loss, self.correct, self.counted, self.accepted, self.starts.view(1)])
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor, k: int) -> "TTTStats":
+        return cls(t[:k], t[k:2 * k], t[2 * k:3 * k], t[3 * k:4 * k], t[4 * k])
+
+
+def unroll(drafter: Eagle3Drafter, input_ids: torch.Tensor, aux_hidden: torch.Tensor, length: int):
+    """Yield the drafter's output at each of `length` unroll steps over positions 0 .. T-2."""
+    b, t = input_ids.shape
+    n, dev = t - 1, input_ids.device
+    pos = torch.arange(n, device=dev).expand(b, n)
+    hidden = aux_hidden[:, :n]
+    attn = drafter.midlayer.self_attn
+    saved, attn.kv_cache = attn.kv_cache, StepKV()
+    try:
+        for k in range(length):
+            tokens = F.pad(input_ids[:, 1 + k:], (0, k))          # x_{i+1+k}; zeros past the end
+            inputs = AttnInputs(positions=pos + k, slots=pos, mask=ttt_mask(n, k, dev)[None, None])
+            out = drafter(tokens, hidden, inputs)
+            hidden = out.hidden
+            yield out
+    finally:
+        attn.kv_cache = saved
+
+
+class TTTModel(nn.Module):
+    """The drafter unrolled over `length` steps; one forward = the whole unroll (one DDP call)."""
+
+    def __init__(self, drafter: Eagle3Drafter, length: int = 7, step_weight: float = 0.8):
+        super().__init__()
+        self.drafter = drafter
+        self.length = length
+        self.step_weight = step_weight
+
+    def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, aux_hidden: torch.Tensor,
+                target_p: torch.Tensor, in_vocab: torch.Tensor) -> tuple[torch.Tensor, TTTStats]:
+        """input_ids, loss_mask, in_vocab [B, T]; aux_hidden [B, T, 3H]; target_p [B, T, Vd]
+        (the target's distribution for the token after each position)."""
+        b, t = input_ids.shape
+        n, dev, steps = t - 1, input_ids.device, self.length
+        zero = torch.zeros((), device=dev)
+        losses, correct, counted = [zero] * steps, [zero] * steps, [zero] * steps
+        hits = torch.zeros(steps, b, n, dtype=torch.bool, device=dev)
+        total = zero
+        steps_out = unroll(self.drafter, input_ids, aux_hidden, steps)
+        for k, out in enumerate(steps_out):
+            m = n - 1 - k                       # positions whose predicted token x_{i+2+k} exists
+            if m <= 0:
+                break
+            p = target_p[:, 1 + k:1 + k + m]
+            lm = loss_mask[:, 2 + k:2 + k + m].bool()
+            use = lm & in_vocab[:, 1 + k:1 + k + m]
+            logits = out.logits[:, :m]
+            s, c = soft_cross_entropy(logits, p, use)
+            step_loss = s / c.clamp_min(1)
+            total = total + self.step_weight ** k * step_loss
+            with torch.no_grad():
+                ok = use & (logits.argmax(-1) == p.argmax(-1))
+                hits[k, :, :m] = ok
+                losses[k], correct[k], counted[k] = step_loss.detach(), ok.sum().float(), lm.sum().float()
+        steps_out.close()  # restores the attention's own cache now, not at garbage collection
+        with torch.no_grad():
+            run = hits.long().cumprod(0).sum(0)                     # consecutive correct steps from i
+            starts = F.pad(loss_mask[:, 2:].bool(), (0, 1))          # step-0 prediction is an assistant token
+            caps = torch.arange(1, steps + 1, device=dev).view(-1, 1)
+            accepted = torch.minimum(run[starts].view(1, -1), caps).sum(1).float()
+            stats = TTTStats(torch.stack(losses), torch.stack(correct), torch.stack(counted), accepted,
+                             starts.sum().float())
+        return total, stats

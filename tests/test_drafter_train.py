@@ -1,0 +1,76 @@
+"""Training mechanics: resume continues bit for bit, the drafter starts from the target's
+lm_head rows and never stores the embedding, and the learning-rate schedule."""
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from drafter.cli import main as drafter
+from drafter.train import lr_at
+from models.llama import load_target
+from models.tokenizer import build_tokenizer
+from tests.tiny import stdlib_texts
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    root = tmp_path_factory.mktemp("train")
+    target = root / "target"
+    tok = build_tokenizer(stdlib_texts(4), 300, target)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 eos_token_id=tok.eos_token_id, initializer_range=0.05)).save_pretrained(target)
+    lines = [s.strip() for s in stdlib_texts(4)[1].splitlines() if len(s.strip()) > 10][:24]
+    prompts = root / "prompts.jsonl"
+    pairs = [[{"role": "user", "content": a}, {"role": "assistant", "content": b}]
+             for a, b in zip(lines[::2], lines[1::2])]
+    prompts.write_text("".join(json.dumps({"messages": m}) + "\n" for m in pairs))
+    data = root / "data"
+    assert drafter(["data", "--prompts", str(prompts), "--out", str(data), "--keep-responses",
+                    "--tokenizer", str(target)]) == 0
+    assert drafter(["vocab", "--data", str(data), "--size", "64"]) == 0
+    return root, target, data
+
+
+def _train(setup, out, *extra):
+    root, target, data = setup
+    args = ["train", "--target", str(target), "--data", str(data), "--out", str(root / out), "--max-steps", "6",
+            "--batch-size", "2", "--lr", "1e-3", "--ttt-length", "3", "--log-every", "2", "--save-every", "100", *extra]
+    assert drafter(args) == 0
+    return root / out
+
+
+def test_resume_continues_exactly(setup):
+    straight = _train(setup, "straight")
+    _train(setup, "interrupted", "--stop-at", "3")
+    ckpts = sorted(p.name for p in (setup[0] / "interrupted" / "checkpoints").iterdir())
+    assert ckpts == ["step-00000000", "step-00000003"]
+    assert drafter(["train", "--target", str(setup[1]), "--data", str(setup[2]), "--out",
+                    str(setup[0] / "interrupted"), "--max-steps", "6"]) == 2     # refuses to overwrite
+    resumed = _train(setup, "interrupted", "--resume")
+    a = load_file(str(straight / "checkpoints" / "step-00000006" / "drafter.safetensors"))
+    b = load_file(str(resumed / "checkpoints" / "step-00000006" / "drafter.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
+    log = [json.loads(line)["step"] for line in (resumed / "log.jsonl").read_text().splitlines()]
+    assert log == [2, 4, 6]
+
+
+def test_initial_drafter_uses_target_rows_and_stores_no_embedding(setup):
+    run = setup[0] / "straight"
+    w = load_file(str(run / "checkpoints" / "step-00000000" / "drafter.safetensors"))
+    assert "embed_tokens.weight" not in w
+    used = torch.arange(w["d2t"].numel()) + w["d2t"]
+    target = load_target(setup[1])
+    assert torch.equal(w["lm_head.weight"], target.lm_head.weight[used])
+    assert w["t2d"].sum() == 64 and bool(w["t2d"][used].all())
+
+
+def test_warmup_then_cosine():
+    assert lr_at(0, 100, 10, 1.0, 0.1) == pytest.approx(0.1)          # linear warm-up
+    assert lr_at(9, 100, 10, 1.0, 0.1) == pytest.approx(1.0)
+    assert lr_at(55, 100, 10, 1.0, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(100, 100, 10, 1.0, 0.1) == pytest.approx(0.1)
