@@ -154,7 +154,7 @@ def load_target(path: str | Path, *, dtype=torch.float32, device="cpu",
     state = load_state_dict(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}
     if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
+        state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -1,0 +1,140 @@
+"""One request's engine stream: first output pulled eagerly, deadline, metrics, cleanup.
+
+`start()` pulls the first output before any response is sent, so an overloaded, loading or
+failing engine becomes a proper HTTP status instead of a 200 stream that dies. Every output
+passes through the request's metrics recorder. Leaving early (client gone, error, timeout)
+closes the engine's generator, which aborts the request inside the engine.
+
+The deadline is enforced here too (the engine's own timeout plus a short grace), so a request
+stuck in a queue or a hung engine ends with a 504, never a hang.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import AsyncIterator
+
+import anyio
+
+from engine.api import Engine, EngineError, EngineOverloaded, GenerationOutput, SamplingParams
+from server.errors import APIError
+from server.metrics import RequestMetrics
+
+log = logging.getLogger("specserve.server")
+
+TIMEOUT_GRACE_S = 2.0
+
+
+class Generation:
+    def __init__(self, engine: Engine, recorder: RequestMetrics, request_id: str, engine_request_id: str,
+                 prompt_ids: list[int], params: SamplingParams):
+        self.engine, self.rec = engine, recorder
+        self.request_id, self.engine_request_id = request_id, engine_request_id
+        self.prompt_ids, self.params = prompt_ids, params
+        self.deadline = time.monotonic() + params.timeout_s + TIMEOUT_GRACE_S if params.timeout_s else math.inf
+        self.final: GenerationOutput | None = None
+        self._stream = None
+        self._first: GenerationOutput | None = None
+
+    async def start(self) -> None:
+        try:
+            self._stream = self.engine.generate(self.engine_request_id, self.prompt_ids, self.params)
+            self._first = await self._next()
+        except EngineError as e:  # an engine that refuses in generate() itself, not at the first item
+            err = self._refused(e)
+            await self.close("error")
+            raise err from None
+        except BaseException as e:
+            await self.close("error" if isinstance(e, APIError) and e.status != 504 else "abort")
+            raise
+
+    async def outputs(self) -> AsyncIterator[GenerationOutput]:
+        """The outputs, first one included; raises APIError if the engine fails midway."""
+        out, reason = self._first, "abort"
+        try:
+            yield out
+            while not out.finished:
+                out = await self._next()
+                yield out
+            reason = out.finish_reason
+        except APIError as e:
+            reason = "abort" if e.status == 504 else "error"
+            raise
+        finally:
+            await self.close(reason)
+
+    async def _next(self) -> GenerationOutput:
+        remaining = self.deadline - time.monotonic()
+        try:
+            with anyio.fail_after(None if remaining == math.inf else max(remaining, 0.0)):
+                out = await self._stream.__anext__()
+        except TimeoutError:
+            raise self._timeout() from None
+        except StopAsyncIteration:
+            raise APIError(500, "the engine ended the stream without a finish reason", code="engine_error") from None
+        except EngineError as e:
+            raise self._refused(e) from None
+        self.rec.on_output(out)
+        if out.finished:
+            self.final = out
+        if out.error:
+            if "timed out" in out.error or time.monotonic() >= self.deadline - TIMEOUT_GRACE_S:
+                raise self._timeout()
+            if not self.engine.ready:
+                raise APIError(503, f"engine unavailable: {out.error}", code="engine_unavailable")
+            raise APIError(500, f"engine error: {out.error}", code="engine_error")
+        return out
+
+    def _refused(self, e: EngineError) -> APIError:
+        self.rec.discard()  # never reached the engine's queue: not counted
+        if isinstance(e, EngineOverloaded):
+            return APIError(503, str(e), code="overloaded", headers={"Retry-After": "1"})
+        return APIError(503, f"engine unavailable: {e}", code="engine_unavailable")
+
+    def _timeout(self) -> APIError:
+        return APIError(504, f"request timed out after {self.params.timeout_s:g} s", code="timeout")
+
+    async def close(self, reason: str) -> None:
+        """Record the end once and make sure the engine forgets the request."""
+        final = self.final if self.final is not None and not self.final.error else None
+        self.rec.finish(final.finish_reason if final is not None else reason, final, len(self.prompt_ids))
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await stream.aclose()
+                except Exception:
+                    log.exception("[%s] closing the engine stream failed", self.request_id)
+
+
+async def cancel_on_disconnect(request, coro):
+    """Run `coro`; if the client disconnects first, cancel it (which closes the engine stream,
+    aborting the generation) and raise ClientGone."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # we are cancelled ourselves (server shutdown)
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:
+        pass
+    raise ClientGone()
+
+
+async def _disconnected(request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was ready."""

@@ -1,0 +1,102 @@
+"""Run the server: `serve(engine, ...)` for launchers, `main()` for `python -m server`.
+
+`python -m server --model DIR [--draft DIR --steps N --topk K --draft-tokens N]` serves the
+native engine; with --draft and no --steps it speculates 3 steps (chain, topk 1). The API key
+can also come from $SPECSERVE_API_KEY, so it need not show in `ps`. NCCL_* variables in the
+environment are added to specserve_launch_info.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+from server.app import DEFAULT_REQUEST_TIMEOUT_S, create_app
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEFAULT_STEPS_WITH_DRAFT = 3
+
+
+def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          served_model_name: str | None = None, launch_info: dict[str, str] | None = None, log_level: str = "info",
+          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, max_body_bytes: int = 8 << 20) -> None:
+    """Serve `engine` until SIGINT/SIGTERM; in-flight requests are drained before the engine stops."""
+    import uvicorn
+
+    configure_logging(log_level)
+    app = create_app(engine, api_key=api_key, served_model_name=served_model_name, launch_info=launch_info,
+                     max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s)
+    # Our access log (server/middleware.py) replaces uvicorn's: it has the request id and tokens.
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+
+
+def configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(format=LOG_FORMAT)
+    logging.getLogger("specserve").setLevel(level.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m server", description="OpenAI-compatible server for the native "
+                                "engine, with optional EAGLE-3 speculative decoding.")
+    p.add_argument("--model", required=True, help="Hugging Face Llama-family checkpoint directory")
+    p.add_argument("--draft", help="EAGLE-3 drafter directory (enables speculative decoding)")
+    p.add_argument("--steps", type=int, help=f"speculative steps (default {DEFAULT_STEPS_WITH_DRAFT} with --draft)")
+    p.add_argument("--topk", type=int, default=1, help="draft tree branching (1 = chain)")
+    p.add_argument("--draft-tokens", type=int, default=0, help="draft tokens verified per step (0: steps + 1)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
+    p.add_argument("--max-context", type=int, default=0, help="tokens per request (0: the model's maximum)")
+    p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 503 overloaded")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSERVE_API_KEY)")
+    p.add_argument("--served-model-name", help="model id for clients (default: the model directory's name)")
+    p.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
+                   help="per-request limit in seconds (0: none)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from engine.decoder import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine
+
+    for flag, path in (("--model", args.model), ("--draft", args.draft)):
+        if path and not os.path.isfile(os.path.join(path, "config.json")):
+            parser.error(f"{flag} {path}: no config.json there (expected a Hugging Face model directory)")
+    spec = None
+    if args.draft:
+        try:
+            spec = SpecConfig(steps=args.steps or DEFAULT_STEPS_WITH_DRAFT, topk=args.topk,
+                              num_draft_tokens=args.draft_tokens)
+        except ValueError as e:
+            parser.error(str(e))
+    elif args.steps is not None:
+        parser.error("--steps needs --draft (the EAGLE-3 drafter)")
+    engine = build_engine(NativeEngineArgs(
+        model=args.model, draft=args.draft, spec=spec, device=args.device, dtype=args.dtype,
+        max_batch=args.max_batch, max_context=args.max_context, max_waiting=args.max_waiting,
+        served_model_name=args.served_model_name))
+    launch_info = {k.lower(): v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    # uvicorn drains on SIGTERM, then re-raises it: make that a clean exit (0), not death by signal.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    serve(engine, host=args.host, port=args.port, api_key=args.api_key or None,
+          served_model_name=args.served_model_name, launch_info=launch_info, log_level=args.log_level,
+          request_timeout_s=args.request_timeout or None, max_body_bytes=args.max_body_bytes)
+    return 0
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

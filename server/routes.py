@@ -1,0 +1,82 @@
+"""The HTTP routes: OpenAI chat and text completions, models, health and metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+
+from server.body import read_request
+from server.context import LOADING_RETRY_AFTER_S, ServerContext
+from server.generation import ClientGone, Generation, cancel_on_disconnect
+from server.prompts import chat_prompt_ids, completion_prompt_ids, sampling_params
+from server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from server.responses import ChatFormat, CompletionFormat, EventStreamResponse, collect, log_fields, sse_events
+
+router = APIRouter()
+
+
+def _ctx(request: Request) -> ServerContext:
+    return request.app.state.ctx
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    ctx = _ctx(request)
+    req = await read_request(request, ChatCompletionRequest, ctx.max_body_bytes)
+    ctx.check_model(req.model)
+    ctx.check_ready()
+    ids = await run_in_threadpool(chat_prompt_ids, ctx.engine.tokenizer, req)
+    return await _generate(request, ctx, req, ids, ChatFormat(f"chatcmpl-{request.state.request_id}", ctx.model_name))
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    ctx = _ctx(request)
+    req = await read_request(request, CompletionRequest, ctx.max_body_bytes)
+    ctx.check_model(req.model)
+    ctx.check_ready()
+    ids = await run_in_threadpool(completion_prompt_ids, ctx.engine.tokenizer, req)
+    return await _generate(request, ctx, req, ids, CompletionFormat(f"cmpl-{request.state.request_id}", ctx.model_name))
+
+
+async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], fmt):
+    params = sampling_params(req, len(ids), ctx.engine.info.max_context, ctx.request_timeout_s)
+    rid = request.state.request_id
+    gen = Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid), ids, params)
+    await gen.start()  # engine errors become an HTTP status here, before any header is sent
+    if req.stream:
+        return EventStreamResponse(sse_events(gen, fmt, req.include_usage, request.scope["state"]))
+    try:
+        text, final = await cancel_on_disconnect(request, collect(gen))
+    except ClientGone:
+        request.scope["state"]["usage"] = {"prompt_tokens": len(ids), "completion_tokens": gen.rec.tokens,
+                                           "finish_reason": "abort"}
+        return Response(status_code=499)
+    request.scope["state"]["usage"] = log_fields(final)
+    return JSONResponse(fmt.full(text, final))
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    ctx = _ctx(request)
+    card = ModelCard(id=ctx.model_name, created=int(request.app.state.created),
+                     max_model_len=ctx.engine.info.max_context)
+    return ModelList(data=[card]).model_dump()
+
+
+@router.get("/health")
+async def health(request: Request):
+    ctx = _ctx(request)
+    status = ctx.status
+    if status == "ok":
+        return {"status": "ok"}
+    if status == "loading":
+        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": LOADING_RETRY_AFTER_S})
+    return JSONResponse({"status": "dead", "error": ctx.dead_reason}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    body = await run_in_threadpool(_ctx(request).metrics.render)  # NVML reads may take milliseconds
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,61 @@
+"""`python -m server --model T --draft D` (no --steps) serves with 3 speculative steps,
+answers the OpenAI API, and exits 0 on SIGTERM."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests import server_harness as h
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_servers_at_session_end():
+    yield
+    h.stop_all()
+
+
+def test_python_m_server_with_draft_defaults_to_3_steps(tmp_path):
+    models = h.models()
+    port = h.free_port()
+    log = (tmp_path / "server.log").open("w")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "NCCL_PROTO": "LL"}
+    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(models.target), "--draft",
+                             str(models.draft), "--port", str(port), "--served-model-name", "tiny",
+                             "--max-batch", "4"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.2)
+        assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
+        r = httpx.post(url + "/v1/completions", timeout=60,
+                       json={"model": "tiny", "prompt": h.COMPLETION_PROMPTS[0], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["spec_decoding"]["verify_steps"] > 0
+        info = next(s.labels for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text)
+                    for s in f.samples if s.name == "specserve_launch_info")
+        assert (info["steps"], info["topk"], info["draft_tokens"], info["model"], info["nccl_proto"]) == (
+            "3", "1", "4", "tiny", "LL")
+    finally:
+        proc.send_signal(signal.SIGTERM)  # our own child, by pid
+        rc = proc.wait(60)
+        log.close()
+    assert rc == 0, (tmp_path / "server.log").read_text()
+    text = (tmp_path / "server.log").read_text()
+    assert '"POST /v1/completions HTTP/1.1" 200 prompt_tokens=' in text
