@@ -64,6 +64,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_length: int = 2048
     epochs: float = 1.0
+    limit_samples: int = 0                   # train on the first N conversations only (0: all)
     max_steps: int = 0                       # 0: from epochs
     stop_at: int = 0                         # end this run after this step (schedule still spans max_steps)
     save_every: int = 1000
@@ -145,18 +146,19 @@ class Batches:
     """Deterministic micro-batches: epoch e shuffles with seed + e; micro-batch g of the whole
     run is batch g % per_epoch of epoch g // per_epoch, so a resumed run sees the same data."""
 
-    def __init__(self, data: TokenShards, batch_size: int, max_length: int, seed: int):
+    def __init__(self, data: TokenShards, batch_size: int, max_length: int, seed: int, limit: int = 0):
         self.data, self.bs, self.max_length, self.seed = data, batch_size, max_length, seed
-        self.per_epoch = len(data) // batch_size
+        self.n = min(len(data), limit) if limit else len(data)  # the first n conversations (data scaling)
+        self.per_epoch = self.n // batch_size
         if self.per_epoch == 0:
-            raise ValueError(f"{len(data)} conversations cannot fill one batch of {batch_size}")
+            raise ValueError(f"{self.n} conversations cannot fill one batch of {batch_size}")
         self._perm_epoch, self._perm = -1, None
 
     def get(self, g: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         epoch, j = divmod(g, self.per_epoch)
         if epoch != self._perm_epoch:
             gen = torch.Generator().manual_seed(self.seed + epoch)
-            self._perm, self._perm_epoch = torch.randperm(len(self.data), generator=gen), epoch
+            self._perm, self._perm_epoch = torch.randperm(self.n, generator=gen), epoch
         items = [self.data[int(i)] for i in self._perm[j * self.bs:(j + 1) * self.bs]]
         items = [(ids[:self.max_length], m[:self.max_length]) for ids, m in items]
         t = max(ids.numel() for ids, _ in items)
@@ -241,7 +243,7 @@ def train(c: TrainConfig) -> Path:
         model, device_ids=[d.local_rank] if cuda else None) if d.world > 1 else model
 
     data = TokenShards(c.data)
-    batches = Batches(data, c.batch_size, c.max_length, c.seed)
+    batches = Batches(data, c.batch_size, c.max_length, c.seed, c.limit_samples)
     micro_per_step = c.grad_accum * d.world
     total = c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
     warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * total)

@@ -78,7 +78,8 @@ class BatchDecoder:
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step; with
         # it the attention span is fixed to the cache length so each batch size compiles once.
-        self.compiled = compile and self.device.type == "cuda"
+        # Off by default: compiling takes ~30-60 s per step shape (GPU benchmarks turn it on).
+        self.compiled = compile
         self._fns = {"plain": plain_greedy, "chain": chain_greedy}
         if self.compiled:
             import torch._dynamo as dynamo
