@@ -16,17 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import server_harness as h
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stop_servers_at_session_end():
-    yield
-    h.stop_all()
-
-
-@pytest.fixture(scope="session")
-def spec():
-    return h.spec_server()
-
-
 def body(server, prompt: str, **kw) -> dict:
     return {"model": server.model, "prompt": prompt, "max_tokens": h.MAX_TOKENS, "temperature": 0, **kw}
 

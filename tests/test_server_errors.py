@@ -16,17 +16,6 @@ import pytest
 from tests import server_harness as h
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stop_servers_at_session_end():
-    yield
-    h.stop_all()
-
-
-@pytest.fixture(scope="session")
-def spec():
-    return h.spec_server()
-
-
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]

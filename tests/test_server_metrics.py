@@ -16,17 +16,6 @@ from server.metrics import GPU_METRICS
 from tests import server_harness as h
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stop_servers_at_session_end():
-    yield
-    h.stop_all()
-
-
-@pytest.fixture(scope="session")
-def spec():
-    return h.spec_server()
-
-
 def scrape(server) -> dict:
     r = httpx.get(server.url + "/metrics", timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")

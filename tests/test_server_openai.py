@@ -9,22 +9,6 @@ import pytest
 from tests import server_harness as h
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stop_servers_at_session_end():
-    yield
-    h.stop_all()
-
-
-@pytest.fixture(scope="session")
-def spec():
-    return h.spec_server()
-
-
-@pytest.fixture(scope="session")
-def plain(spec):
-    return h.plain_server()
-
-
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
