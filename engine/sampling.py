@@ -39,6 +39,7 @@ def probs_from_logits(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
         sorted_p = sorted_x.softmax(-1)
         before = sorted_p.cumsum(-1) - sorted_p  # probability mass ranked above each token
         drop = (ranks >= k) | (before >= s.top_p.view(-1, 1, 1))  # smallest set reaching top_p, top k
+        drop[..., 0] = False  # the top token always stays: a top_p below float32's range (1e-300) is 0.0 here
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, order, sorted_x)
     probs = x.softmax(-1)

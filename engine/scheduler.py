@@ -27,6 +27,8 @@ from engine.sampling import BatchSampling
 
 log = logging.getLogger("specserve.engine")
 
+SHUTDOWN_TIMEOUT_S = 30.0
+
 
 @dataclass
 class _Request:
@@ -84,11 +86,20 @@ class NativeEngine:
         self._ready = True
 
     async def shutdown(self) -> None:
+        """Stop the engine thread (it ends the step in progress, then fails whatever is left).
+        Waits by polling, not with asyncio.to_thread: at interpreter exit (atexit hooks) the
+        default executor refuses new work ("cannot schedule new futures after shutdown")."""
+        self._ready = False
         self._stop.set()
         self._inbox.put(None)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30)
-        self._ready = False
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        while thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if thread.is_alive():
+            log.warning("engine thread still running %.0f s after shutdown", SHUTDOWN_TIMEOUT_S)
 
     async def generate(self, request_id: str, prompt_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[GenerationOutput]:
@@ -112,6 +123,10 @@ class NativeEngine:
             spec=SpecStats() if self.decoder.spec else None,
         )
         self._inbox.put(req)
+        if self.dead is not None or self._stop.is_set():
+            # The thread died (or stopped) while we queued: its last inbox drain may have run
+            # before our put, and nobody would ever answer. `dead` is set before that drain.
+            raise EngineError(self.dead or "engine is shutting down")
         finished = False
         try:
             while True:
@@ -137,12 +152,14 @@ class NativeEngine:
         except Exception as e:  # the engine is dead: fail everything fast, never hang
             log.exception("engine thread died")
             self.dead = f"engine failed: {type(e).__name__}: {e}"
-            for r in self._active + list(self._waiting):
-                r.emit(GenerationOutput(finish_reason="abort", error=self.dead,
-                                        prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
-            self._active.clear()
-            self._waiting.clear()
-            self._drain_inbox(block=False, fail=True)
+        else:  # shut down: whatever is still here gets an answer too
+            self.dead = "engine has shut down"
+        for r in self._active + list(self._waiting):
+            r.emit(GenerationOutput(finish_reason="abort", error=self.dead,
+                                    prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
+        self._active.clear()
+        self._waiting.clear()
+        self._drain_inbox(block=False, fail=True)
 
     def _drain_inbox(self, block: bool, fail: bool = False) -> None:
         try:

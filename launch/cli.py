@@ -1,8 +1,9 @@
 """`specserve` / `launch/serve.sh`: resolve a profile, print it, export its environment, check
-the drafter against the target, then serve (or, with --dry-run, stop after printing).
+the drafter against the target and the checkpoint files for completeness, then serve (or,
+with --dry-run, stop after printing; the weights files are checked only when serving).
 
-Exit codes: 0 served and drained (SIGTERM included) or dry run; 2 bad profile, override or
-model pair; 1 the server failed.
+Exit codes: 0 served and drained (SIGTERM included) or dry run; 2 bad profile, override,
+model pair or missing/corrupt checkpoint file; 1 the server failed.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from launch.auto_steps import best_setting
-from launch.pair_check import PairMismatch, check_pair_configs
+from launch.pair_check import CheckpointError, PairMismatch, check_checkpoint_files, check_pair_configs
 from launch.profiles import Launch, Overrides, ProfileError, available_profiles, resolve
 
 NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
@@ -140,6 +141,17 @@ def check_pair(launch: Launch, dry_run: bool) -> str:
     return "pair check: " + check_pair_configs(p.model.path, p.model.draft, p.engine)
 
 
+def check_files(launch: Launch) -> str:
+    """Before serving: every local checkpoint file is there and complete, so a missing or
+    truncated file stops the launch with one error instead of a server whose engine never
+    loads. Non-local model paths (an SGLang hub id) are left to the engine."""
+    p = launch.profile
+    draft = p.model.draft if p.spec_enabled else None
+    if p.engine == "sglang" and not (os.path.isdir(p.model.path) and (draft is None or os.path.isdir(draft))):
+        return "checkpoint check: skipped (not local directories)"
+    return check_checkpoint_files(p.model.path, draft)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -168,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     print(describe(launch), flush=True)
     try:
         print(check_pair(launch, args.dry_run), flush=True)
+        if not args.dry_run:
+            print(check_files(launch), flush=True)
         plan = make_plan(launch)
-    except (ProfileError, PairMismatch, FileNotFoundError) as e:
+    except (ProfileError, PairMismatch, CheckpointError, FileNotFoundError) as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2
     print(describe_plan(plan), flush=True)

@@ -1,4 +1,6 @@
-"""Start-up check that a drafter fits its target, from the two config.json files only.
+"""Start-up checks: the drafter fits its target (from the two config.json files only), and the
+checkpoint files are complete (config.json parses, safetensors headers parse and cover their
+tensors).
 
 No weights are loaded, so it runs before any engine process starts and works for SGLang
 profiles (whose weights this process never sees). The size checks are engine.loading.check_pair's
@@ -18,6 +20,10 @@ DEEPSEEK_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForC
 
 class PairMismatch(ValueError):
     """The drafter does not fit the target; the message names both values and the files."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing or corrupt; the message names the file and the field."""
 
 
 @dataclass
@@ -83,3 +89,29 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
             f"{t_file}) capture the outputs of layers {captured}, but the drafter was trained on the "
             f"outputs of layers {trained}; re-export the drafter for {conv}")
     return summary + f"; SGLang ({conv}) captures outputs of layers {captured}"
+
+
+def check_checkpoint_files(model_path: str, draft_path: str | None) -> str:
+    """Raise CheckpointError unless the target (and drafter) directories hold a readable
+    config.json with the fields serving needs and complete safetensors files (headers only:
+    seconds even for a sharded 1 TB checkpoint). Returns a one-line summary."""
+    from models.eagle3_checkpoint import config_from_hf
+    from models.safetensors_io import check_safetensors, weight_files
+
+    parts = []
+    for role, path in (("target", model_path), ("drafter", draft_path)):
+        if path is None:
+            continue
+        try:
+            cfg = read_config(path)
+            source = str(Path(path) / "config.json")
+            if role == "target":
+                target_shape(cfg, source)
+            else:
+                config_from_hf(cfg, source)
+            files = weight_files(path)
+            tensors = sum(check_safetensors(f) for f in files)
+        except (ValueError, FileNotFoundError) as e:  # PairMismatch is a ValueError
+            raise CheckpointError(f"{role} checkpoint: {e}") from e
+        parts.append(f"{role} {len(files)} file{'s' if len(files) > 1 else ''}, {tensors} tensors")
+    return "checkpoint files complete: " + ", ".join(parts)

@@ -16,6 +16,9 @@ from server.protocol import ChatCompletionRequest, CompletionRequest
 
 # Roles that the common chat templates know; OpenAI's "developer" is a system message.
 _TEMPLATE_ROLE = {"developer": "system"}
+# top_k at or above the vocabulary size keeps every token; larger values are clamped so that
+# they fit the engine's int64 tensors (2**70 once killed the engine thread).
+MAX_TOP_K = 1 << 31
 
 
 def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
@@ -75,5 +78,6 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: 
         max_tokens = requested
     return SamplingParams(
         max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-        top_k=req.top_k if req.top_k > 0 else -1, seed=req.seed, stop=[s for s in req.stop_list if s],
-        stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, timeout_s=timeout_s)
+        top_k=min(req.top_k, MAX_TOP_K) if req.top_k > 0 else -1, seed=req.seed,
+        stop=[s for s in req.stop_list if s], stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos, timeout_s=timeout_s)

@@ -20,7 +20,24 @@ def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 
 
-@router.post("/v1/chat/completions")
+def json_body(model) -> dict:
+    """`openapi_extra` that documents a JSON body the handler reads by hand (server/body.py), so
+    /openapi.json says what to send (clients, schemathesis). $defs are inlined: the schema must
+    stand alone inside the OpenAPI document."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request):
     ctx = _ctx(request)
     req = await read_request(request, ChatCompletionRequest, ctx.max_body_bytes)
@@ -30,7 +47,7 @@ async def chat_completions(request: Request):
     return await _generate(request, ctx, req, ids, ChatFormat(f"chatcmpl-{request.state.request_id}", ctx.model_name))
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
     ctx = _ctx(request)
     req = await read_request(request, CompletionRequest, ctx.max_body_bytes)
@@ -44,10 +61,13 @@ async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], f
     params = sampling_params(req, len(ids), ctx.engine.info.max_context, ctx.request_timeout_s)
     rid = request.state.request_id
     gen = Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid), ids, params)
-    await gen.start()  # engine errors become an HTTP status here, before any header is sent
-    if req.stream:
-        return EventStreamResponse(sse_events(gen, fmt, req.include_usage, request.scope["state"]))
     try:
+        # Engine errors become an HTTP status here, before any header is sent. A client that
+        # leaves while its request still waits in the engine's queue frees its place now, not
+        # when the request is admitted (start() closes the engine stream when cancelled).
+        await cancel_on_disconnect(request, gen.start())
+        if req.stream:
+            return EventStreamResponse(sse_events(gen, fmt, req.include_usage, request.scope["state"]))
         text, final = await cancel_on_disconnect(request, collect(gen))
     except ClientGone:
         request.scope["state"]["usage"] = {"prompt_tokens": len(ids), "completion_tokens": gen.rec.tokens,

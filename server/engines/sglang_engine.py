@@ -187,7 +187,12 @@ class SGLangEngine:
     async def shutdown(self) -> None:
         self._ready = False
         if self._engine is not None:
-            await asyncio.to_thread(self._engine.shutdown)
+            try:
+                done = asyncio.get_running_loop().run_in_executor(None, self._engine.shutdown)
+            except RuntimeError:  # at interpreter exit the default executor refuses new work
+                self._engine.shutdown()
+            else:
+                await done
             self._engine = None
 
     def _abort(self, request_id: str) -> None:

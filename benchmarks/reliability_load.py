@@ -1,0 +1,279 @@
+"""Load and leak check against a live server (issue 7): N streaming greedy requests at
+concurrency C, repeated for R rounds.
+
+Checked per round: zero errors; every output (text, token count, finish reason) identical to
+the same request sent alone first (lossless under load: batching and speculation must not
+change a greedy result); the running/waiting gauges back at 0 once the round is over (no
+leaked KV-cache slot or queue entry); the server's resident memory (psutil RSS by pid) after
+each round, which must stay flat from the second round on (no memory leak).
+
+  python -m benchmarks.reliability_load --profile cpu-default --requests 200 --concurrency 32 \\
+      --rounds 4 --max-tokens 16,32 --name cpu-default
+
+starts the server itself (`launch/serve.sh --profile P`, or `python -m server --model M
+--draft D` without --profile) and writes benchmarks/results/reliability/load_<name>.json and
+.md (with the command). `--url URL --pid PID` measures a server that is already running.
+tests/test_reliability_load.py runs the same code on tiny models in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.report import provenance, write_json
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RESULTS = PROJECT_ROOT / "benchmarks" / "results" / "reliability"
+
+COMPLETION_PROMPTS = [
+    "def fibonacci(n):", "import numpy as np\n", "class Stack:\n    def __init__(self):", "The capital of France is",
+    "Once upon a time", "for i in range(10):", "# Sort a list of numbers\n", "SELECT name FROM users WHERE",
+    "The three laws of motion are", "def parse_args():", "A haiku about the sea:\n", "while True:",
+    "Q: What is 12 times 12?\nA:", "<html>\n<head>", "Dear team,\n", "if __name__ == '__main__':",
+]
+CHAT_PROMPTS = ["Write a function that reverses a string.", "What is a list?", "Explain recursion briefly.",
+                "Say hello in three languages."]
+
+
+@dataclass
+class Result:
+    status: int
+    text: str = ""
+    completion_tokens: int = -1
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def same_output(self, other: Result) -> bool:
+        return (self.text, self.completion_tokens, self.finish_reason) == \
+            (other.text, other.completion_tokens, other.finish_reason)
+
+
+def request_mix(n: int, max_tokens: list[int], completion_prompts=COMPLETION_PROMPTS, chat_prompts=CHAT_PROMPTS,
+                model: str | None = None, seed: int = 0) -> list[dict]:
+    """n greedy streaming requests cycling over every (prompt, max_tokens) pair, both endpoints,
+    in a shuffled order (so equal requests rarely run side by side)."""
+    distinct = []
+    for m in max_tokens:
+        for p in completion_prompts:
+            distinct.append({"path": "/v1/completions", "body": {"prompt": p, "max_tokens": m}})
+        for p in chat_prompts:
+            distinct.append({"path": "/v1/chat/completions",
+                             "body": {"messages": [{"role": "user", "content": p}], "max_tokens": m}})
+    for d in distinct:
+        d["body"].update(temperature=0, stream=True, stream_options={"include_usage": True})
+        if model:
+            d["body"]["model"] = model
+    items = [distinct[i % len(distinct)] for i in range(n)]
+    random.Random(seed).shuffle(items)
+    return items
+
+
+def key(item: dict) -> str:
+    return json.dumps(item, sort_keys=True)
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, item: dict) -> Result:
+    text, usage, finish = [], None, None
+    try:
+        async with client.stream("POST", url + item["path"], json=item["body"]) as r:
+            if r.status_code != 200:
+                return Result(r.status_code, error=(await r.aread()).decode(errors="replace")[:500])
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Result(200, "".join(text), error=json.dumps(chunk["error"]))
+                for c in chunk.get("choices") or []:
+                    text.append(c.get("text") or (c.get("delta") or {}).get("content") or "")
+                    finish = c.get("finish_reason") or finish
+                usage = chunk.get("usage") or usage
+    except httpx.HTTPError as e:
+        return Result(-1, "".join(text), error=f"{type(e).__name__}: {e}")
+    if usage is None:
+        return Result(200, "".join(text), error="no usage chunk")
+    return Result(200, "".join(text), usage["completion_tokens"], finish)
+
+
+async def run_concurrent(url: str, items: list[dict], concurrency: int, timeout_s: float = 600) -> list[Result]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        async def one(item):
+            async with sem:
+                return await stream_one(client, url, item)
+        return await asyncio.gather(*(one(i) for i in items))
+
+
+def gauges(url: str) -> tuple[float, float]:
+    """(running, waiting) from /metrics."""
+    values = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            values[s.name] = s.value
+    return values["specserve_num_requests_running"], values["specserve_num_requests_waiting"]
+
+
+def wait_idle(url: str, timeout_s: float = 10) -> tuple[float, float]:
+    """Poll until running and waiting are 0 (the last stream's slot is released right after its
+    final chunk was sent); return the last reading."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        load = gauges(url)
+        if load == (0, 0) or time.monotonic() > deadline:
+            return load
+        time.sleep(0.02)
+
+
+def rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def run(url: str, pid: int | None, items: list[dict], concurrency: int, rounds: int) -> dict:
+    """Alone pass (each distinct request once, sequentially), then `rounds` concurrent rounds."""
+    distinct = list({key(i): i for i in items}.values())
+    t0 = time.perf_counter()
+    alone = {key(i): asyncio.run(run_concurrent(url, [i], 1))[0] for i in distinct}
+    alone_s = time.perf_counter() - t0
+    out = {"requests": len(items), "distinct": len(distinct), "concurrency": concurrency, "alone_s": round(alone_s, 2),
+           "alone_errors": sum(r.error is not None for r in alone.values()), "rounds": [],
+           "rss_mb_before": round(rss_mb(pid), 1) if pid else None}
+    for n in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        results = asyncio.run(run_concurrent(url, items, concurrency))
+        wall = time.perf_counter() - t0
+        errors = [r for r in results if r.error is not None]
+        mismatches = [(i, r) for i, r in zip(items, results) if r.error is None and not r.same_output(alone[key(i)])]
+        load = wait_idle(url)
+        tokens = sum(max(r.completion_tokens, 0) for r in results)
+        out["rounds"].append({
+            "round": n, "wall_s": round(wall, 2), "tokens": tokens, "tok_s": round(tokens / wall, 1),
+            "errors": len(errors), "mismatches": len(mismatches), "idle_running": load[0], "idle_waiting": load[1],
+            "rss_mb": round(rss_mb(pid), 1) if pid else None,
+            "first_error": asdict(errors[0]) if errors else None,
+            "first_mismatch": {"request": mismatches[0][0], "got": asdict(mismatches[0][1]),
+                               "alone": asdict(alone[key(mismatches[0][0])])} if mismatches else None,
+        })
+    rss = [r["rss_mb"] for r in out["rounds"]]
+    if pid and len(rss) >= 2:
+        base = rss[1] if len(rss) >= 3 else rss[0]  # the first round warms allocator pools up
+        out["rss_growth_after_warmup"] = round((rss[-1] - base) / base, 4)
+    return out
+
+
+def markdown(result: dict, command: str) -> str:
+    lines = [f"# Reliability load: {result['requests']} streaming requests at concurrency {result['concurrency']}",
+             "", f"Command: `{command}`", "",
+             f"Server: {result.get('server', '-')}", "",
+             (f"Alone pass: {result['distinct']} distinct requests sequentially in {result['alone_s']} s, "
+              f"{result['alone_errors']} errors. RSS before the rounds: {result['rss_mb_before']} MiB."), "",
+             "| round | wall s | tokens | tok/s | errors | outputs != alone | running, waiting after | RSS MiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rounds"]:
+        lines.append(f"| {r['round']} | {r['wall_s']} | {r['tokens']} | {r['tok_s']} | {r['errors']} | "
+                     f"{r['mismatches']} | {r['idle_running']:.0f}, {r['idle_waiting']:.0f} | {r['rss_mb']} |")
+    if "rss_growth_after_warmup" in result:
+        lines += ["", f"RSS growth from round 2 to the last round: {100 * result['rss_growth_after_warmup']:.2f} %"]
+    lines += ["", (f"Verdict: {'PASS' if passed(result) else 'FAIL'} (zero errors, every output equal to the request "
+                   "alone, gauges back at 0 after every round, RSS growth after warm-up < 5 %)")]
+    return "\n".join(lines) + "\n"
+
+
+def passed(result: dict, max_growth: float = 0.05) -> bool:
+    ok = result["alone_errors"] == 0 and all(
+        r["errors"] == 0 and r["mismatches"] == 0 and (r["idle_running"], r["idle_waiting"]) == (0, 0)
+        for r in result["rounds"])
+    return ok and result.get("rss_growth_after_warmup", 0.0) < max_growth
+
+
+def start_server(model: str, draft: str | None, port: int, max_batch: int, log_path: Path, threads: int | None,
+                 profile: str | None = None) -> subprocess.Popen:
+    """`python -m server` for a model pair, or `launch/serve.sh --profile P` (serve.sh execs
+    Python, so the pid is the server's either way)."""
+    if profile:
+        cmd = [str(PROJECT_ROOT / "launch" / "serve.sh"), "--profile", profile, "--port", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "server", "--model", model, "--port", str(port), "--max-batch", str(max_batch),
+               "--device", "cpu", "--log-level", "warning"] + (["--draft", draft] if draft else [])
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PATH": os.path.dirname(sys.executable) + os.pathsep +
+           os.environ.get("PATH", "")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(PROJECT_ROOT))
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not healthy after {timeout_s:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--profile", help="start launch/serve.sh --profile PROFILE (its model, drafter, batch)")
+    ap.add_argument("--model", default="shipped/target")
+    ap.add_argument("--draft", default="shipped/drafter", help="'' for no speculation")
+    ap.add_argument("--url", help="measure a running server instead of starting one (needs --pid for RSS)")
+    ap.add_argument("--pid", type=int)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--max-tokens", default="16,32", help="comma-separated max_tokens values to mix")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the server it starts")
+    ap.add_argument("--name", default="shipped")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    prov = provenance(argv)
+    out_dir = Path(args.out)
+    proc, url, pid = None, args.url, args.pid
+    if url is None:
+        from benchmarks.server_proc import free_port
+        port = free_port()
+        log = PROJECT_ROOT / "runs" / "reliability" / f"load_{args.name}.log"  # git-ignored
+        proc = start_server(args.model, args.draft or None, port, args.max_batch, log, args.threads, args.profile)
+        url, pid = f"http://127.0.0.1:{port}", proc.pid
+    try:
+        wait_healthy(url, proc)
+        model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        items = request_mix(args.requests, [int(m) for m in args.max_tokens.split(",")], model=model)
+        result = run(url, pid, items, args.concurrency, args.rounds)
+    finally:
+        if proc is not None:
+            proc.terminate()  # our own child, by pid
+            proc.wait(60)
+    started = (f"launch/serve.sh --profile {args.profile}" if args.profile else
+               f"python -m server --model {args.model} --draft {args.draft} --max-batch {args.max_batch}")
+    result["server"] = (f"{started} (OMP_NUM_THREADS={args.threads or 'unset'}), {os.cpu_count()} CPU cores"
+                        if proc is not None else url)
+    result["provenance"] = prov
+    write_json(out_dir / f"load_{args.name}.json", result)
+    (out_dir / f"load_{args.name}.md").write_text(markdown(result, prov["command"]))
+    print(markdown(result, prov["command"]))
+    return 0 if passed(result) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
