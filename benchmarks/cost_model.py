@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, pyplot, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "cost_model"
@@ -152,10 +152,7 @@ def plot(result: dict, path: Path) -> Path:
     ax.set_title("Cost model: measured vs predicted speedup")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

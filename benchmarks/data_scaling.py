@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.report import pyplot, save_figure
+
 
 def run(args: list[str]) -> None:
     print("+", " ".join(args), flush=True)
@@ -38,9 +40,7 @@ def one_size(a, n: int, work: Path) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for steps in sorted({r["steps"] for r in rows}):
         pts = sorted((r["samples"], r["accept_length"]) for r in rows if r["steps"] == steps)
@@ -51,9 +51,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_title("Drafter accept length vs training-data size")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,7 +49,8 @@ def measure_engine(args) -> dict:
     spec = SpecConfig(args.steps, args.topk, args.draft_tokens if args.topk > 1 else 0) if args.steps else None
     target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=spec,
                                                            device=args.device, dtype=args.dtype))
-    prompts = engine_speed.load_prompts(args.prompts, load_tokenizer(args.model), args.num_prompts)
+    # The HTTP run used prompt 0 as its warm-up and measured 1..N: measure the same ones here.
+    prompts = engine_speed.load_prompts(args.prompts, load_tokenizer(args.model), args.num_prompts + 1)[1:]
     r = engine_speed.measure(target, drafter, spec, prompts, args.max_tokens, 1, args.max_context,
                              compile=args.compile)
     return {"tok_s": r["tok_per_s"], "accept_length": r["accept_length"] if spec else None, "device": str(device)}

@@ -31,7 +31,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, pyplot, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "nccl"
@@ -288,10 +288,7 @@ def plot(results: list[ComboResult], cfg: SweepConfig, path: Path, title: str) -
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, ncol=2)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -30,7 +30,7 @@ import aiohttp
 
 from benchmarks import prom_text
 from benchmarks.latency import Summary
-from benchmarks.report import md_table, provenance, pyplot, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = PROJECT_ROOT / "shipped" / "data" / "heldout_prompts.jsonl"
@@ -272,10 +272,7 @@ def plot(result: dict, path: Path) -> Path:
     axes[0].set_ylabel("fraction of samples")
     c = result["config"]
     fig.suptitle(f"concurrency {c['max_concurrency']}, rate {c['request_rate']}, {c['num_prompts']} prompts")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_outputs(result: dict, out_dir: Path, name: str) -> list[Path]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import md_table, provenance, pyplot, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.masks import block_inputs, causal
 from engine.sampling import BatchSampling
@@ -180,10 +180,7 @@ def plot(r: dict, path: Path) -> Path:
     ax.set_title(f"Step costs: {r['name']} ({r['device']})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, pyplot, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "step_sweep"
@@ -182,10 +182,7 @@ def plot(result: dict, path: Path) -> Path:
     ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
     ax.set_title(f"Step sweep: {result['name']} (best: {(result['best'] or {}).get('setting')})")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
