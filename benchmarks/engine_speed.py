@@ -66,14 +66,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", default="0,1,2,3,4", help="comma list; 0 = no speculation")
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--draft-tokens", type=int, default=0)
-    ap.add_argument("--prompts", help="JSONL of {messages: [...]} (chat) or {prompt: str}")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--max-context", type=int, default=1024)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the decode steps (GPU)")
+    add_measure_args(ap)
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args(argv)
 
@@ -97,6 +90,18 @@ def main(argv=None) -> None:
         print(f"{r['steps']:>5} {r['tok_per_s']:>9.1f} {r['accept_length']:>7.2f} {sp:>8}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": str(device), "args": vars(args), "rows": rows}, indent=2))
+
+
+def add_measure_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of an in-process measurement, shared by the scripts built on this one."""
+    ap.add_argument("--prompts", help="JSONL of {messages: [...]} (chat) or {prompt: str} (default: held-out set)")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the decode steps")
 
 
 def load_prompts(path: str | None, tok, n: int) -> list[list[int]]:

@@ -193,14 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draft", default="shipped/drafter")
     ap.add_argument("--max-steps", type=int, default=10)
     ap.add_argument("--trees", default=DEFAULT_TREES, help="steps:topk:draft_tokens,... ('' for none)")
-    ap.add_argument("--prompts", help=f"JSONL of {{messages}} or {{prompt}} (default: {HELDOUT.name} if present)")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--max-context", type=int, default=1024)
-    ap.add_argument("--compile", action="store_true", help="in-process: torch.compile the decode steps (GPU)")
+    from benchmarks import engine_speed  # torch only when measuring
+    engine_speed.add_measure_args(ap)
     ap.add_argument("--http", action="store_true", help="measure over HTTP, one server per setting")
     ap.add_argument("--server-cmd", default=SERVER_CMD, help="template: {model} {draft} {steps} {topk} "
                     "{draft_tokens} {port}")
