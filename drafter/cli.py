@@ -37,7 +37,7 @@ def cmd_data(a) -> int:
 def cmd_vocab(a) -> int:
     from drafter.shards import TokenShards
     from drafter.vocab import VOCAB_FILE, build_vocab
-    from models.llama import read_hf_config
+    from models.hf_config import read_hf_config
     if a.target:
         vocab_size = read_hf_config(a.target)["vocab_size"]
     else:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from drafter.train import CKPT_DIR, WEIGHTS, latest_checkpoint
 from models.eagle3 import Eagle3Config, Eagle3Drafter
 from models.eagle3_checkpoint import save_drafter
-from models.llama import read_hf_config
+from models.hf_config import read_hf_config
 
 SERVING_ENGINES = ("sglang-llama", "sglang-deepseek", "vllm")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

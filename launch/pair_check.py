@@ -9,10 +9,11 @@ drafter's configured ids and compares it with the layer outputs training capture
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+
+from models.hf_config import read_hf_config
 
 DEEPSEEK_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
                   "KimiVLForConditionalGeneration")
@@ -35,13 +36,10 @@ class TargetShape:
 
 
 def read_config(path: str) -> dict:
-    f = Path(path) / "config.json"
-    if not f.is_file():
-        raise FileNotFoundError(f"{f}: not found (expected a Hugging Face model directory)")
     try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise PairMismatch(f"{f}: not valid JSON ({e})") from e
+        return read_hf_config(path)
+    except ValueError as e:  # invalid JSON: a launch error like any other mismatch
+        raise PairMismatch(str(e)) from e
 
 
 def target_shape(cfg: dict, source: str) -> TargetShape:

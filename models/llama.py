@@ -6,7 +6,6 @@ decoder layers (HF `hidden_states[i + 1]`), the training-side convention (models
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from models.aux_layers import default_aux_layer_ids
+from models.hf_config import read_hf_config
 from models.layers import Attention, AttnInputs, KVCache, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.safetensors_io import load_state_dict
 
@@ -127,16 +127,6 @@ class LlamaModel(nn.Module):
         # `captured` is in layer order; the drafter expects the configured order (low, mid, high).
         order = sorted(set(self.aux_layer_ids))
         return torch.cat([captured[order.index(i)] for i in self.aux_layer_ids], dim=-1)
-
-
-def read_hf_config(path: str | Path) -> dict:
-    p = Path(path) / "config.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: missing config.json (expected a Hugging Face model directory)")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e})") from e
 
 
 def load_target(path: str | Path, *, dtype=torch.float32, device="cpu",
