@@ -244,6 +244,11 @@ def test_sigterm_drains_refuses_new_connections_and_exits_0(live):
     assert first.wait(60), live.output()[-3000:]
     live.proc.send_signal(signal.SIGTERM)  # our own child, by pid
     at_signal = len(events)
+    # A request that arrives before the server has taken the signal is rightly served; the
+    # property is about requests after uvicorn has started shutting down.
+    shutdown_seen = time.monotonic() + 10
+    while "Shutting down" not in live.output() and time.monotonic() < shutdown_seen:
+        time.sleep(0.02)
     refused = []
     deadline = time.monotonic() + 10
     while t.is_alive() and time.monotonic() < deadline and len(refused) < 3:
@@ -252,8 +257,8 @@ def test_sigterm_drains_refuses_new_connections_and_exits_0(live):
                            json={"prompt": "x", "max_tokens": 2})
             assert r.status_code == 503, f"a new request was served during the drain: {r.status_code}"
             refused.append(r.status_code)
-        except httpx.ConnectError:
-            refused.append("connection refused")
+        except httpx.TransportError as e:  # refused or reset while the listener closes
+            refused.append(type(e).__name__)
         time.sleep(0.05)
     drained_while_refusing = t.is_alive()
     rc = live.proc.wait(120)
