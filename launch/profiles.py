@@ -276,24 +276,16 @@ def _coerce(value, hint, key: str, where: str, from_env: bool):
         if from_env and isinstance(value, str) and value.lower() in ("1", "0", "true", "false"):
             return value.lower() in ("1", "true")
         raise bad
-    if hint is int:
+    if hint in (int, float):
         if from_env and isinstance(value, str):
             try:
-                return int(value)
+                return hint(value)
             except ValueError:
                 raise bad from None
-        if isinstance(value, bool) or not isinstance(value, int):
+        allowed = (int,) if hint is int else (int, float)  # a TOML integer is a valid float
+        if isinstance(value, bool) or not isinstance(value, allowed):
             raise bad
-        return value
-    if hint is float:
-        if from_env and isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        return float(value)
+        return hint(value)
     if hint is str:
         if not isinstance(value, str):
             raise bad

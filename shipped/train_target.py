@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gzip
-import hashlib
 import json
 import math
 import os
@@ -50,6 +49,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from shipped.build_corpus import sha256  # noqa: E402
 
 EOT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -345,14 +346,6 @@ def hardware(device: torch.device) -> dict:
     return hw
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_provenance_md(out: Path, prov: dict) -> None:
     r, f = prov["run"], prov["final"]
 
@@ -575,7 +568,7 @@ def main(argv=None) -> dict:
         "command": "python3 " + " ".join([os.path.relpath(__file__, REPO)] + (list(argv) if argv is not None else sys.argv[1:])),
         "args": vars(args),
         "data": {
-            "corpus": str(corpus_path), "corpus_sha256": file_sha256(corpus_path),
+            "corpus": str(corpus_path), "corpus_sha256": sha256(corpus_path),
             "description": "Python source documents and (signature/docstring -> code) chat pairs from the "
                            "standard library and installed packages; built by shipped/build_corpus.py",
             "corpus_manifest": {k: manifest.get(k) for k in ("command", "created", "versions", "holdout_rule", "stats")},
