@@ -29,7 +29,9 @@ def measure_http(args) -> dict:
     prompts = serving.load_prompts(args.prompts, args.num_prompts + 1)
     dt = args.draft_tokens or args.steps + 1
     fields = {"model": args.model, "draft": args.draft, "steps": args.steps, "topk": args.topk, "draft_tokens": dt}
-    template = args.server_cmd if args.steps else args.baseline_cmd
+    # The server decodes with the same context and compile setting as the in-process run.
+    template = ((args.server_cmd if args.steps else args.baseline_cmd) + f" --max-context {args.max_context}"
+                + (" --compile" if args.compile else ""))
     with running_server(template, fields, Path(args.out_dir) / f"{args.name}-server.log", args.server_timeout) as base:
         cfg = serving.BenchConfig(base_url=base, model=None, max_concurrency=1, request_rate=float("inf"),
                                   num_prompts=args.num_prompts, max_tokens=args.max_tokens, temperature=0.0,

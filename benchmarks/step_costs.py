@@ -75,9 +75,10 @@ def greedy(device) -> BatchSampling:
                          torch.zeros(1, dtype=torch.long, device=device), [None])
 
 
-def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, compile: bool = False) -> float:
+def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, max_context: int,
+                   compile: bool = False) -> float:
     """One engine step as the decode loop pays it (graph replay + host read), at a fixed context."""
-    dec = BatchDecoder(target, drafter, spec, 1, len(prompt) + 64, compile=compile)
+    dec = BatchDecoder(target, drafter, spec, 1, max_context, compile=compile)
     s = greedy(dec.device)
     dec.prefill(0, prompt, s)
     ctx = dec.lens[0]
@@ -99,13 +100,13 @@ def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, compile
 
 
 def measure(target, drafter, context: int, max_verify: int, cycle_steps: list[int], ref_steps: int,
-            iters: int, compile: bool = False) -> dict:
+            iters: int, max_context: int, compile: bool = False) -> dict:
     dev = target.embed_tokens.weight.device
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (context,), generator=gen).tolist()
     # Component timings over the cache of a spec decoder (its span, as the engine uses it).
     top = max(max(cycle_steps), ref_steps, max_verify)
-    dec = BatchDecoder(target, drafter, SpecConfig(top), 1, context + 64)
+    dec = BatchDecoder(target, drafter, SpecConfig(top), 1, max_context)
     dec.prefill(0, prompt, greedy(dev))
     base = torch.tensor([context], device=dev)
     span = dec._span(1, dec.spec.headroom)
@@ -128,8 +129,8 @@ def measure(target, drafter, context: int, max_verify: int, cycle_steps: list[in
     extend = {n: time_ms(lambda n=n: drafter(tokens[:, :n], aux[:, :n], block_inputs(
         base, causal(1, n, dev), depth(n), span)).logits, dev, iters) for n in range(1, max_verify + 1)}
     del dec
-    decode = engine_step_ms(target, None, None, prompt, iters, compile)
-    cycle = {s: engine_step_ms(target, drafter, SpecConfig(s), prompt, iters, compile)
+    decode = engine_step_ms(target, None, None, prompt, iters, max_context, compile)
+    cycle = {s: engine_step_ms(target, drafter, SpecConfig(s), prompt, iters, max_context, compile)
              for s in sorted(set(cycle_steps) | {ref_steps}) if s + 1 <= max_verify}
     parts = {s: verify[s + 1] + (s - 1) * draft_step + extend[s + 1] for s in cycle}
     overhead = {s: cycle[s] - parts[s] for s in cycle}
@@ -150,8 +151,10 @@ def load_pair(args):
     from benchmarks.shapes import random_drafter, random_target
     from engine.loading import pick_device, pick_dtype
     device = pick_device(args.device)
+    from models.layers import fuse_projections
     target = random_target(args.shape, device, pick_dtype(args.dtype, device))
-    return target, random_drafter(target, args.shape), {"shape": args.shape}
+    drafter = fuse_projections(random_drafter(target, args.shape))
+    return fuse_projections(target), drafter, {"shape": args.shape}
 
 
 def markdown(r: dict) -> str:
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shape", default="8b", choices=["8b", "tiny"], help="random pair when no --model")
     ap.add_argument("--context", type=int, default=160, help="committed tokens in the cache while timing")
     ap.add_argument("--max-verify", type=int, default=16)
+    ap.add_argument("--max-context", type=int, default=1024,
+                    help="the decoders' context (as engine_speed/step_sweep use it: compiled steps attend over all of it)")
     ap.add_argument("--cycle-steps", default="1,2,3,4,5,6,8,10", help="engine chain steps to time whole")
     ap.add_argument("--ref-steps", type=int, default=3, help="the cycle the overhead constant comes from")
     ap.add_argument("--iters", type=int, default=50)
@@ -204,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
     target, drafter, what = load_pair(args)
     with torch.inference_mode():
         r = measure(target, drafter, args.context, args.max_verify,
-                    [int(s) for s in args.cycle_steps.split(",")], args.ref_steps, args.iters, args.compile)
+                    [int(s) for s in args.cycle_steps.split(",")], args.ref_steps, args.iters,
+                    args.max_context, args.compile)
     dev = target.embed_tokens.weight.device
     r = {"name": args.name or (Path(args.model).name if args.model else args.shape),
          "what": ", ".join(f"{k} {v}" for k, v in what.items()), **what,

@@ -29,6 +29,7 @@ from engine.cuda_graphs import GraphRunner
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.sampling import BatchSampling
 from engine.tensor_parallel import shard_model, warm_up
+from models.layers import fuse_projections
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "tp_decode"
@@ -138,7 +139,9 @@ def main(argv: list[str] | None = None) -> dict | None:
             target.aux_layer_ids = list(drafter.config.aux_layer_ids)
         else:
             drafter = random_drafter(target, args.shape)
-    shard_model(target, rank, world, vocab_parallel=args.vocab_parallel)
+    fuse_projections(shard_model(target, rank, world, vocab_parallel=args.vocab_parallel))
+    if drafter is not None:
+        fuse_projections(drafter)
     if world > 1:
         warm_up(device)
     bw = copy_bandwidth(device) if cuda else None

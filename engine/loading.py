@@ -13,6 +13,7 @@ from engine.decoder import BatchDecoder, SpecConfig
 from engine.scheduler import NativeEngine
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
+from models.layers import fuse_projections
 from models.llama import LlamaModel, load_target
 
 log = logging.getLogger("specserve.engine")
@@ -30,6 +31,7 @@ class NativeEngineArgs:
     max_waiting: int = 256
     served_model_name: str | None = None
     cpu_threads: int = 0            # 0: one core less than the machine has (at most 8), see cpu_threads()
+    compile: bool = False           # torch.compile the decode steps (GPU: minutes of warm-up per batch size)
 
 
 def pick_device(device: str) -> torch.device:
@@ -87,6 +89,8 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
         drafter = load_drafter(args.draft, target.embed_tokens.weight, dtype=dtype, device=device)
         check_pair(target, drafter, args.draft)
         target.aux_layer_ids = list(drafter.config.aux_layer_ids)
+        fuse_projections(drafter)
+    fuse_projections(target)
     return target, drafter, device
 
 
@@ -100,7 +104,7 @@ def build_engine(args: NativeEngineArgs) -> NativeEngine:
     def load():
         target, drafter, device = load_models(args)
         max_context = args.max_context or target.config.max_position_embeddings
-        decoder = BatchDecoder(target, drafter, spec, args.max_batch, max_context)
+        decoder = BatchDecoder(target, drafter, spec, args.max_batch, max_context, compile=args.compile)
         info.max_context, info.device = max_context, str(device)
         info.extra = {"dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."), "model_path": args.model,
                       "draft_path": args.draft or ""}

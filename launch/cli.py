@@ -101,7 +101,8 @@ def describe(launch: Launch) -> str:
     ]
     if p.engine == "native":
         n = p.native
-        lines.append(f"  native       device {n.device}, dtype {n.dtype}, max batch {n.max_batch}")
+        lines.append(f"  native       device {n.device}, dtype {n.dtype}, max batch {n.max_batch}"
+                     + (", torch.compile" if n.compile else ""))
     lines.append("environment:" if launch.env else "environment: (none from the profile)")
     lines += [f"  {k}={v}    ({launch.env_origin[k]})" for k, v in launch.env.items()]
     lines += [f"note: {n}" for n in launch.notes]

@@ -73,6 +73,7 @@ class NativeSection:
     max_batch: int = 16
     max_context: int = 0        # 0: the model's max_position_embeddings
     max_waiting: int = 256
+    compile: bool = False       # torch.compile the decode steps (fused kernels; warm-up per batch size)
 
 
 @dataclass

@@ -103,6 +103,16 @@ class KVCache(nn.Module):
         self.v[dst].copy_(self.v[src])
 
 
+def concat_linears(parts: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the concatenation of the outputs of `parts` (same input)."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if parts[0].bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    return fused
+
+
 class Attention(nn.Module):
     def __init__(self, in_dim: int, heads: int, kv_heads: int, head_dim: int, out_dim: int, bias: bool = False):
         super().__init__()
@@ -111,13 +121,27 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, out_dim, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse(): q, k, v in one GEMM
         self.kv_cache: KVCache | None = None
+
+    def fuse(self) -> None:
+        """Inference only: read the q, k, v weights in one GEMM (one kernel instead of three)."""
+        if self.qkv_proj is None:
+            self.qkv_proj = concat_linears([self.q_proj, self.k_proj, self.v_proj])
+            del self.q_proj, self.k_proj, self.v_proj
+
+    def _qkv(self, x: torch.Tensor):
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
 
     def forward(self, x: torch.Tensor, cos, sin, inputs: AttnInputs | None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._qkv(x)
+        q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is None or inputs is None:
             # Cache-less causal attention (training, parity tests); mask given by caller or causal.
@@ -137,6 +161,29 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """Inference only: gate and up projections in one GEMM."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = concat_linears([self.gate_proj, self.up_proj])
+            del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Fuse q/k/v and gate/up projections of every layer (after loading and any TP slicing).
+
+    What serving engines do (vLLM's QKVParallelLinear, gpt-fast's wqkv): fewer, larger GEMMs
+    per layer, which matters at batch 1 where each GEMM is a weight read plus a kernel launch.
+    The fused model has different parameter names; never save it as a checkpoint.
+    """
+    for m in list(model.modules()):
+        if isinstance(m, (Attention, SwiGLU)):
+            m.fuse()
+    return model

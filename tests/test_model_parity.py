@@ -67,3 +67,26 @@ def test_cached_decoding_matches_full_forward(hf_pair):
                  for i in range(12, 20)]
     assert torch.allclose(pre, full[:, :12], atol=1e-5)
     assert torch.allclose(torch.cat(steps, 1), full[:, 12:], atol=1e-5)
+
+
+def test_fused_projections_keep_logits_and_greedy_tokens(hf_pair):
+    """q/k/v and gate/up fused into one GEMM each (what the engine serves): same logits as
+    transformers, same greedy tokens through the static cache as the unfused model."""
+    from engine.decoder import BatchDecoder
+    from engine.sampling import BatchSampling
+    from models.layers import fuse_projections
+
+    hf, path = hf_pair
+    plain, fused = load_target(path), fuse_projections(load_target(path))
+    assert not any(n.endswith(("q_proj.weight", "gate_proj.weight")) for n, _ in fused.named_parameters())
+    tokens = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        assert torch.allclose(fused(tokens).logits, hf(tokens).logits, atol=1e-4, rtol=1e-4)
+    greedy = BatchSampling(torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.long), [None])
+    outs = []
+    for model in (plain, fused):
+        dec = BatchDecoder(model, None, None, max_batch=1, max_context=100)
+        out = [dec.prefill(0, tokens[0, :10].tolist(), greedy)]
+        out += [dec.step(1, greedy)[0].tokens[0] for _ in range(30)]
+        outs.append(out)
+    assert outs[0] == outs[1]

@@ -12,6 +12,7 @@ from engine.decoder import BatchDecoder, SpecConfig
 from engine.masks import block_inputs
 from engine.sampling import BatchSampling
 from engine.tensor_parallel import check_divisible, shard_model
+from models.layers import fuse_projections
 from models.llama import LlamaConfig, LlamaModel
 from tests.tiny import random_drafter
 
@@ -58,7 +59,8 @@ def _rank(rank: int, world: int, init_file: str, results):
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         for vocab_parallel in (False, True):
-            out = run_all(shard_model(build_model(), rank, world, vocab_parallel=vocab_parallel))
+            # Projections fused after slicing, as the benchmarks serve it (unfused reference).
+            out = run_all(fuse_projections(shard_model(build_model(), rank, world, vocab_parallel=vocab_parallel)))
             if rank == 0:
                 # numpy pickles by value; tensors would be shared through the exiting child's memory
                 results.put({k: v.numpy() if torch.is_tensor(v) else v for k, v in out.items()})
