@@ -45,7 +45,8 @@ def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int) -> tu
 
 def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False) -> dict:
     decoder = BatchDecoder(target, drafter if spec else None, spec, 1, max_context, compile=compile)
-    decode_once(decoder, prompts[0], min(max_tokens, 32))  # warm-up (and graph capture)
+    # Warm-up on the longest prompt: captures the graphs of every attention span the runs reach.
+    decode_once(decoder, max(prompts, key=len), max_tokens)
     rates, accept, per_step = [], [], []
     for _ in range(repeats):
         for p in prompts:

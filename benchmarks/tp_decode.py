@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the decode step (collectives as funcol)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--watchdog-s", type=float, default=0,
+                    help="after this many seconds dump every thread's stack and exit (finds hangs)")
     ap.add_argument("--name", help="output stem (default tp<N>-<shape>)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
@@ -117,6 +120,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # required on the lent machines; before NCCL starts
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.watchdog_s:
+        import faulthandler
+        faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
+    t_start = time.perf_counter()
+
+    def stage(msg: str) -> None:
+        print(f"[rank {rank} +{time.perf_counter() - t_start:.1f}s] {msg}", file=sys.stderr, flush=True)
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{local}" if cuda else "cpu")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
@@ -126,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                                 **({"device_id": device} if cuda else {}))
 
+    stage("process group up" if world > 1 else "start")
     if args.model:
         from models.llama import load_target
         target = load_target(args.model, dtype=dtype, device=device)
@@ -142,8 +153,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     fuse_projections(shard_model(target, rank, world, vocab_parallel=args.vocab_parallel))
     if drafter is not None:
         fuse_projections(drafter)
+    stage("model built and sliced")
     if world > 1:
         warm_up(device)
+        stage("first all-reduce done")
     bw = copy_bandwidth(device) if cuda else None
 
     spec = SpecConfig(args.steps) if drafter is not None else None
@@ -153,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (args.prompt_len,), generator=gen).tolist()
     decode_rate(dec, prompt, min(args.tokens, 32))  # warm-up and graph capture
+    stage("warm-up decode (graph capture) done")
     runs = [decode_rate(dec, prompt, args.tokens) for _ in range(args.repeats)]
     tok_s = statistics.median(r[0] for r in runs)
 

@@ -80,6 +80,12 @@ class GenerationOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def then(self, later: "GenerationOutput") -> "GenerationOutput":
+        """This delta followed by `later`, as one delta."""
+        return GenerationOutput(text=self.text + later.text, token_ids=self.token_ids + later.token_ids,
+                                finish_reason=later.finish_reason, prompt_tokens=later.prompt_tokens,
+                                completion_tokens=later.completion_tokens, spec=later.spec, error=later.error)
+
 
 @dataclass
 class EngineInfo:

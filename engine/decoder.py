@@ -104,6 +104,19 @@ class BatchDecoder:
     def _lens(self, rows: int, offset: int = 0) -> torch.Tensor:
         return torch.tensor(self.lens[offset:offset + rows], device=self.device)
 
+    def _to_host(self, *tensors: torch.Tensor) -> list[list]:
+        """Small device results as lists, with one wait. On GPU the wait is an event
+        synchronize, which releases the GIL: the server's event loop runs while the GPU works."""
+        if self.device.type != "cuda":
+            return [t.tolist() for t in tensors]
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for h, t in zip(host, tensors):
+            h.copy_(t, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()
+        return [h.tolist() for h in host]
+
     # -- prefill -----------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, row: int, prompt: list[int], sampling: BatchSampling) -> int:
@@ -143,7 +156,7 @@ class BatchDecoder:
         lens = self.lens[:rows] + [0] * (padded - rows)
         self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
         tokens, counts = self.graphs.run((kind, padded, span), lambda: fn(self, padded, span))
-        tokens, counts = tokens[:rows].tolist(), counts[:rows].tolist()
+        tokens, counts = self._to_host(tokens[:rows], counts[:rows])
         results = []
         for b in range(rows):
             self.lens[b] += counts[b]

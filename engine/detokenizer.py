@@ -14,6 +14,7 @@ class IncrementalDetokenizer:
         self.ids = list(prompt_ids[-6:])    # context so the first word gets its leading space right
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        self.prefix_text: str | None = None  # decode of ids[prefix_offset:read_offset], cached
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""          # all output text so far
@@ -26,11 +27,14 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> None:
         """Append one token; sets `stopped` when a stop string appears."""
         self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        if self.prefix_text is None:
+            self.prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        prefix = self.prefix_text
         full = self._decode(self.ids[self.prefix_offset:])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             new = full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            self.prefix_text = None
             before = len(self.text)
             self.text += new
             self._check_stop(before)

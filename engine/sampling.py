@@ -18,10 +18,13 @@ class BatchSampling:
     top_p: torch.Tensor
     top_k: torch.Tensor
     generators: list[torch.Generator | None]
+    greedy: bool | None = None  # known on the host: saves a device sync per step
 
     @property
     def all_greedy(self) -> bool:
-        return bool((self.temperature <= 0).all())
+        if self.greedy is None:
+            self.greedy = bool((self.temperature <= 0).all())
+        return self.greedy
 
 
 def probs_from_logits(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:

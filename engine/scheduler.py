@@ -58,6 +58,7 @@ class NativeEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: list[_Request] = []
+        self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._aborted: set[str] = set()
         self._n_waiting = 0
         self._lock = threading.Lock()
@@ -131,6 +132,10 @@ class NativeEngine:
         try:
             while True:
                 out = await out_q.get()
+                # A consumer that fell behind the engine (a slow client, a busy event loop) takes
+                # everything queued as one delta: fewer, larger chunks instead of a growing backlog.
+                while not out.finished and not out_q.empty():
+                    out = out.then(out_q.get_nowait())
                 finished = out.finished
                 yield out
                 if finished:
@@ -196,6 +201,7 @@ class NativeEngine:
             self._left_queue()
             row = len(self._active)
             self._active.append(r)
+            self._batch_sampling = None
             first = dec.prefill(row, r.prompt, self._sampling([r]))
             self._consume(row, [first])
             if r.finish_reason:
@@ -203,7 +209,9 @@ class NativeEngine:
 
     def _step(self) -> None:
         rows = len(self._active)
-        results = self.decoder.step(rows, self._sampling(self._active))
+        if self._batch_sampling is None:  # host-to-device copies: not on every step
+            self._batch_sampling = self._sampling(self._active)
+        results = self.decoder.step(rows, self._batch_sampling)
         for row, res in enumerate(results):
             r = self._active[row]
             if r.spec is not None:
@@ -220,6 +228,7 @@ class NativeEngine:
             top_p=torch.tensor([r.params.top_p for r in reqs], device=dev),
             top_k=torch.tensor([r.params.top_k for r in reqs], device=dev),
             generators=[r.generator for r in reqs],
+            greedy=all(r.params.greedy for r in reqs),
         )
 
     def _consume(self, row: int, tokens: list[int]) -> None:
@@ -248,6 +257,7 @@ class NativeEngine:
         ))
 
     def _release(self, row: int) -> None:
+        self._batch_sampling = None
         last = len(self._active) - 1
         if row != last:
             self.decoder.move_row(last, row)

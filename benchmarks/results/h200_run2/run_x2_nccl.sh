@@ -1,0 +1,34 @@
+#!/bin/bash
+# Second device call on nvidia-h200-x2: where the 8B decode step's time goes (GPU 0), then the
+# NCCL sweep and tensor-parallel decode across both GPUs (default NCCL vs the sweep's best).
+# Run from the repository root:  bash benchmarks/results/h200_run2/run_x2_nccl.sh   (writes $OUT/results.tgz)
+set -u
+START=$(date +%s)
+DEADLINE=$((START + ${BUDGET_S:-560}))
+R=/tmp/r; rm -rf $R; mkdir -p $R
+export PYTHONPATH=$PWD TORCHINDUCTOR_CACHE_DIR=/tmp/inductor NCCL_NVLS_ENABLE=0
+
+run() {  # run CAP_S command...: timeout min(CAP_S, time left)
+    local cap=$1; shift
+    local left=$((DEADLINE - $(date +%s)))
+    local t=$(( cap < left ? cap : left ))
+    if [ "$t" -le 5 ]; then echo "SKIPPED (no time left): $*"; return; fi
+    echo "=== [$(date +%T)] (limit ${t}s) $*"
+    timeout "$t" "$@"
+    echo "=== rc=$? after $(( $(date +%s) - START ))s"
+}
+
+{
+    CUDA_VISIBLE_DEVICES=0 run 150 python3 -m benchmarks.decode_profile --out-dir $R/profile
+    run 200 python3 -m benchmarks.nccl_sweep --nproc 2 --out-dir $R/nccl
+    run 80 python3 -m benchmarks.tp_decode --shape 8b --name tp1-8b --out-dir $R/tp_decode
+    run 80 torchrun --nproc-per-node 2 -m benchmarks.tp_decode --shape 8b --name tp2-8b-default --out-dir $R/tp_decode
+    best=$(ls $R/nccl/*-best.toml 2>/dev/null | head -1)
+    if [ -n "$best" ]; then
+        run 80 env $(sed -n 's/^\(NCCL_[A-Z_0-9]*\) = "\(.*\)"$/\1=\2/p' "$best") \
+            torchrun --nproc-per-node 2 -m benchmarks.tp_decode --shape 8b --name tp2-8b-best --out-dir $R/tp_decode
+    fi
+} > $R/run.log 2>&1
+echo "total $(( $(date +%s) - START ))s" >> $R/run.log
+tar czf $OUT/results.tgz -C $R .
+tail -n 30 $R/run.log
