@@ -187,12 +187,17 @@ def main(argv: list[str] | None = None) -> dict | None:
         "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if cuda and world > 1 else None,
         "torch": torch.__version__, "provenance": provenance(argv),
     }
+    path = write_json(Path(args.out_dir) / f"{result['name']}.json", result) if rank == 0 else None
+    stage("measured")
     if world > 1:
+        # Graphs holding NCCL kernels must go before the communicator (the first 2-GPU run
+        # hung at the end, with them alive, before writing anything).
+        dec.graphs.graphs.clear()
+        torch.cuda.synchronize(device)
         dist.barrier()
         dist.destroy_process_group()
     if rank != 0:
         return None
-    path = write_json(Path(args.out_dir) / f"{result['name']}.json", result)
     print(json.dumps(result, indent=2))
     print(f"wrote {path}")
     return result

@@ -48,6 +48,15 @@ class SpecConfig:
 
 
 @dataclass
+class InFlight:
+    """A launched device-side step: host copies of its outputs, valid once `done` completes."""
+    rows: int
+    tokens: torch.Tensor         # [rows, W] on the host
+    counts: torch.Tensor         # [rows]
+    done: torch.cuda.Event | None
+
+
+@dataclass
 class StepResult:
     tokens: list[int]            # new tokens of this row, in order
     proposed: int = 0            # draft tokens verified (0 without speculation)
@@ -68,6 +77,7 @@ class BatchDecoder:
         if self.spec:
             drafter.setup_cache(max_batch, self.cache_len)
         self.lens = [0] * max_batch                                   # committed target cache length
+        self._in_flight = 0                                           # launched, not yet collected
         self.lens_dev = torch.zeros(max_batch, dtype=torch.long, device=self.device)  # its device copy
         self.pending = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         if self.spec:
@@ -104,18 +114,17 @@ class BatchDecoder:
     def _lens(self, rows: int, offset: int = 0) -> torch.Tensor:
         return torch.tensor(self.lens[offset:offset + rows], device=self.device)
 
-    def _to_host(self, *tensors: torch.Tensor) -> list[list]:
-        """Small device results as lists, with one wait. On GPU the wait is an event
-        synchronize, which releases the GIL: the server's event loop runs while the GPU works."""
+    def _start_copy(self, *tensors: torch.Tensor):
+        """Copies of small step outputs on the host (pinned, asynchronous on GPU) and the event
+        that marks them complete; a later replay may then overwrite the graph's outputs."""
         if self.device.type != "cuda":
-            return [t.tolist() for t in tensors]
+            return (*(t.clone() for t in tensors), None)
         host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         for h, t in zip(host, tensors):
             h.copy_(t, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        done.synchronize()
-        return [h.tolist() for h in host]
+        return (*host, done)
 
     # -- prefill -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -142,23 +151,53 @@ class BatchDecoder:
     # -- decode steps ------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
-        if self.fast_greedy and sampling.all_greedy and (self.spec is None or self.spec.topk == 1):
-            return self._greedy_step(rows)
+        if self.device_side(sampling):
+            return self.collect(self.launch(rows))
         return self._spec_step(rows, sampling) if self.spec else self._plain_step(rows, sampling)
 
-    def _greedy_step(self, rows: int) -> list[StepResult]:
-        """Device-side step (engine/greedy_cycle.py), one host read; a CUDA graph on GPU."""
+    def device_side(self, sampling: BatchSampling) -> bool:
+        """Whether steps for this batch run device-side (launch/collect, no host decisions)."""
+        return self.fast_greedy and sampling.all_greedy and (self.spec is None or self.spec.topk == 1)
+
+    def room_to_launch(self, rows: int) -> bool:
+        """Whether one more step fits every row's cache, counting steps still in flight."""
+        per_step = self.spec.steps + 1 if self.spec else 1
+        headroom = self.spec.headroom if self.spec else 1
+        return max(self.lens[:rows]) + self._in_flight * per_step + headroom <= self.cache_len
+
+    @torch.inference_mode()
+    def launch(self, rows: int) -> "InFlight":
+        """Enqueue one device-side greedy step (engine/greedy_cycle.py; a CUDA graph on GPU) and
+        the copy of its results to the host; returns at once on GPU.
+
+        A step may be launched while the previous one is still in flight (nothing about the
+        rows may change in between): it continues from the device state the previous step
+        leaves, so the GPU never waits for the host to read a step before starting the next.
+        """
         kind = "chain" if self.spec else "plain"
         fn = self._fns[kind]
-        span = self._span(rows, self.spec.headroom if self.spec else 1)
+        per_step = self.spec.steps + 1 if self.spec else 1
+        behind = self._in_flight * per_step  # tokens the host has not counted yet, at most
+        span = self._span(rows, (self.spec.headroom if self.spec else 1) + behind)
         # Graphs run a power-of-two number of rows; the extra rows are free cache rows at length 0.
         padded = min(self.max_batch, 1 << (rows - 1).bit_length()) if self.graphs.enabled else rows
-        lens = self.lens[:rows] + [0] * (padded - rows)
-        self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
+        if self._in_flight:  # the device lengths are ahead of the host's: keep them
+            self.lens_dev[rows:padded].zero_()
+        else:
+            lens = self.lens[:rows] + [0] * (padded - rows)
+            self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
         tokens, counts = self.graphs.run((kind, padded, span), lambda: fn(self, padded, span))
-        tokens, counts = self._to_host(tokens[:rows], counts[:rows])
+        self._in_flight += 1
+        return InFlight(rows, *self._start_copy(tokens[:rows], counts[:rows]))
+
+    def collect(self, step: "InFlight") -> list[StepResult]:
+        """Wait for a launched step (releasing the GIL on GPU) and account its tokens."""
+        if step.done is not None:
+            step.done.synchronize()
+        self._in_flight -= 1
+        tokens, counts = step.tokens.tolist(), step.counts.tolist()
         results = []
-        for b in range(rows):
+        for b in range(step.rows):
             self.lens[b] += counts[b]
             results.append(StepResult(tokens[b][:counts[b]], proposed=self.spec.steps if self.spec else 0,
                                       accepted=counts[b] - 1 if self.spec else 0))

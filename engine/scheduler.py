@@ -21,7 +21,7 @@ import torch
 
 from engine.api import (EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams,
                         SpecStats)
-from engine.decoder import BatchDecoder
+from engine.decoder import BatchDecoder, InFlight
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling import BatchSampling
 
@@ -59,6 +59,7 @@ class NativeEngine:
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: list[_Request] = []
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
+        self._next: InFlight | None = None  # a step launched before the host handled the previous one
         self._aborted: set[str] = set()
         self._n_waiting = 0
         self._lock = threading.Lock()
@@ -150,6 +151,8 @@ class NativeEngine:
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self._active and not self._waiting)
+                if self._next is not None and (self._aborted or self._waiting):
+                    self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
                 self._admit()
                 if self._active:
@@ -208,18 +211,40 @@ class NativeEngine:
                 self._release(row)
 
     def _step(self) -> None:
-        rows = len(self._active)
+        dec, rows = self.decoder, len(self._active)
         if self._batch_sampling is None:  # host-to-device copies: not on every step
             self._batch_sampling = self._sampling(self._active)
-        results = self.decoder.step(rows, self._batch_sampling)
+        if not dec.device_side(self._batch_sampling):
+            self._apply(dec.step(rows, self._batch_sampling))
+            return
+        current, self._next = self._next or dec.launch(rows), None
+        # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
+        # streams the current one. Only when nothing will change the batch meanwhile.
+        if self._inbox.empty() and not self._waiting and not self._aborted and dec.room_to_launch(rows):
+            self._next = dec.launch(rows)
+        self._apply(dec.collect(current))
+
+    def _finish_next(self) -> None:
+        step, self._next = self._next, None
+        self._apply(self.decoder.collect(step))
+
+    def _apply(self, results) -> None:
+        """Consume one step's tokens; release finished rows (after any step still in flight,
+        whose tokens for those rows are dropped: they lie past the request's end)."""
         for row, res in enumerate(results):
             r = self._active[row]
+            if r.finish_reason:
+                continue
             if r.spec is not None:
                 r.spec.record(res.proposed, res.accepted)
             self._consume(row, res.tokens)
-        for row in reversed(range(rows)):
-            if self._active[row].finish_reason:
-                self._release(row)
+        if any(r.finish_reason for r in self._active):
+            if self._next is not None:
+                self._finish_next()
+                return  # that call released the finished rows
+            for row in reversed(range(len(self._active))):
+                if self._active[row].finish_reason:
+                    self._release(row)
 
     def _sampling(self, reqs: list[_Request]) -> BatchSampling:
         dev = self.decoder.device

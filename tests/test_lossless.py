@@ -175,3 +175,24 @@ def test_context_limit_inside_accepted_run(models, fitted_dir):
         return ids, out.finish_reason
     ids, reason = asyncio.run(go())
     assert ids == models["baseline"][2][:11] and reason == "length"
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_launching_ahead_matches_step_by_step(models, steps):
+    """The server launches step n+1 before reading step n (overlap): same tokens, all rows."""
+    target, prompts = models["target"], models["prompts"]
+    drafter, spec = (models["drafters"]["fitted"], SpecConfig(steps)) if steps else (None, None)
+    want = decode(target, drafter, spec, prompts)[0]
+    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512)
+    outs = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts)]
+    current = dec.launch(len(prompts))
+    while min(len(o) for o in outs) < N_TOKENS:
+        ahead = dec.launch(len(prompts))
+        for o, r in zip(outs, dec.collect(current)):
+            o += r.tokens
+        current = ahead
+    dec.collect(current)
+    assert [o[:N_TOKENS] for o in outs] == want
+    assert dec.room_to_launch(len(prompts))
+    dec.lens[0] = dec.cache_len  # a row whose cache is full: no step may be launched
+    assert not dec.room_to_launch(len(prompts))

@@ -11,8 +11,9 @@
 - NativeEngine.shutdown works when the default executor is gone (interpreter exit) and
   answers requests still in the engine.
 
-Faults are injected from outside the engine: the running engine's `decoder.step` is wrapped
-to slow down (a big model's step time), block (a hung GPU) or raise (a failed kernel)."""
+Faults are injected from outside the engine: the running engine's `decoder.step` and
+`decoder.launch` are wrapped to slow down (a big model's step time), block (a hung GPU) or
+raise (a failed kernel)."""
 from __future__ import annotations
 
 import asyncio
@@ -31,11 +32,13 @@ COMP = "/v1/completions"
 
 def instrument(engine, delay: float = 0.0, gate: threading.Event | None = None,
                fail: threading.Event | None = None) -> list[tuple[float, list[str]]]:
-    """Wrap the running engine's decoder.step: log (start time, engine request ids in the
-    batch) per step; sleep `delay`; wait for `gate`; raise once `fail` is set."""
-    real, log = engine.decoder.step, []
+    """Wrap the running engine's decoder steps (device-side launches and host-driven steps):
+    log (start time, engine request ids in the batch) per step; sleep `delay`; wait for
+    `gate`; raise once `fail` is set."""
+    dec, log = engine.decoder, []
+    real_step, real_launch = dec.step, dec.launch
 
-    def step(rows, sampling):
+    def hook(rows):
         log.append((time.monotonic(), [r.id for r in engine._active[:rows]]))
         if gate is not None:
             gate.wait(60)
@@ -43,9 +46,17 @@ def instrument(engine, delay: float = 0.0, gate: threading.Event | None = None,
             raise RuntimeError("injected fault: the decoder step failed")
         if delay:
             time.sleep(delay)
-        return real(rows, sampling)
 
-    engine.decoder.step = step
+    def step(rows, sampling):
+        if not dec.device_side(sampling):  # device-side steps are logged by launch
+            hook(rows)
+        return real_step(rows, sampling)
+
+    def launch(rows):
+        hook(rows)
+        return real_launch(rows)
+
+    dec.step, dec.launch = step, launch
     return log
 
 
