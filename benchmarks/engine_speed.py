@@ -30,27 +30,45 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int) -> tuple[int, int, float]:
-    """Returns (tokens, verify steps, decode seconds excluding prefill)."""
+def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int,
+                overlap: bool = True) -> tuple[int, int, float]:
+    """Returns (tokens, verify steps, decode seconds excluding prefill).
+
+    overlap: as the server's engine loop runs, step n+1 is launched before step n is read
+    (the last launched step may be one more than needed: its time counts, its tokens do not).
+    """
     s = greedy(decoder.device)
     decoder.prefill(0, prompt, s)
     sync(decoder.device)
     t0, tokens, steps = time.perf_counter(), 1, 0
-    while tokens < max_tokens:
-        tokens += len(decoder.step(1, s)[0].tokens)
-        steps += 1
+    if overlap and decoder.device_side(s):
+        current = decoder.launch(1)
+        while tokens < max_tokens:
+            ahead = decoder.launch(1) if decoder.room_to_launch(1) else None
+            tokens += len(decoder.collect(current)[0].tokens)
+            steps += 1
+            if ahead is None:
+                break
+            current = ahead
+        else:
+            decoder.collect(current)
+    else:
+        while tokens < max_tokens:
+            tokens += len(decoder.step(1, s)[0].tokens)
+            steps += 1
     sync(decoder.device)
     return tokens, steps, time.perf_counter() - t0
 
 
-def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False) -> dict:
+def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False,
+            overlap: bool = True) -> dict:
     decoder = BatchDecoder(target, drafter if spec else None, spec, 1, max_context, compile=compile)
     # Warm-up on the longest prompt: captures the graphs of every attention span the runs reach.
-    decode_once(decoder, max(prompts, key=len), max_tokens)
+    decode_once(decoder, max(prompts, key=len), max_tokens, overlap)
     rates, accept, per_step = [], [], []
     for _ in range(repeats):
         for p in prompts:
-            n, steps, secs = decode_once(decoder, p, max_tokens)
+            n, steps, secs = decode_once(decoder, p, max_tokens, overlap)
             rates.append((n - 1) / secs)
             accept.append(n / steps if steps else 1.0)
             per_step.append((n - 1) / steps if steps else 1.0)
@@ -80,7 +98,8 @@ def main(argv=None) -> None:
     rows = []
     for s in steps:
         spec = SpecConfig(s, args.topk, args.draft_tokens if args.topk > 1 else 0) if s else None
-        r = measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context, args.compile)
+        r = measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context, args.compile,
+                    args.overlap)
         rows.append({"steps": s, "topk": args.topk if s else 0, **r})
     base = rows[0]["tok_per_s"] if steps[0] == 0 else None
     print(f"device={device} dtype={target.embed_tokens.weight.dtype} model={args.model} draft={args.draft}")
@@ -103,6 +122,8 @@ def add_measure_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--compile", action="store_true", help="torch.compile the decode steps")
+    ap.add_argument("--no-overlap", dest="overlap", action="store_false",
+                    help="read each step before launching the next (default: overlapped, as the server runs)")
 
 
 def load_prompts(path: str | None, tok, n: int) -> list[list[int]]:

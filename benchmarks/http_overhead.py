@@ -54,7 +54,7 @@ def measure_engine(args) -> dict:
     # The HTTP run used prompt 0 as its warm-up and measured 1..N: measure the same ones here.
     prompts = engine_speed.load_prompts(args.prompts, load_tokenizer(args.model), args.num_prompts + 1)[1:]
     r = engine_speed.measure(target, drafter, spec, prompts, args.max_tokens, 1, args.max_context,
-                             compile=args.compile)
+                             compile=args.compile, overlap=args.overlap)
     return {"tok_s": r["tok_per_s"], "accept_length": r["accept_length"] if spec else None, "device": str(device)}
 
 

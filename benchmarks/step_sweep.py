@@ -95,7 +95,7 @@ def sweep_in_process(args, grid: list[Setting]) -> tuple[list[dict], dict]:
     for s in grid:
         spec = SpecConfig(s.steps, s.topk, s.draft_tokens if s.topk > 1 else 0) if s.steps else None
         r = engine_speed.measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context,
-                                 compile=args.compile)
+                                 compile=args.compile, overlap=args.overlap)
         acc, per_step = (r["accept_length"], r["tokens_per_step"]) if s.steps else (1.0, 1.0)
         rows.append({"setting": s.label, **s.record(), "tok_s": r["tok_per_s"], "accept_length": acc,
                      "tokens_per_step": per_step})
@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = with_speedup(rows)
     result = {"name": args.name, "profile": args.profile, "model": args.model, "draft": args.draft,
               "mode": "http" if args.http else "in-process", "env": env,
-              "settings": {k: getattr(args, k) for k in ("num_prompts", "max_tokens", "repeats", "prompts", "compile")},
+              "settings": {k: getattr(args, k) for k in ("num_prompts", "max_tokens", "repeats", "prompts", "compile",
+                                                     "overlap")},
               "rows": rows, "best": pick_best(rows), "provenance": provenance(argv)}
     out = Path(args.out_dir)
     paths = [write_json(out / f"{args.name}.json", result)]

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Fifth device call (one H200): HTTP overhead again, now that the in-process measurement runs
+# the same overlapped loop as the server's engine (the fourth call compared the server's
+# overlapped loop with a step-by-step in-process loop, and HTTP came out "faster").
+# Run from the repository root:  bash benchmarks/results/h200_run2/run_fifth.sh   (writes $OUT/results.tgz)
+set -u
+START=$(date +%s)
+DEADLINE=$((START + ${BUDGET_S:-170}))
+R=/tmp/r; rm -rf $R; mkdir -p $R/http_overhead
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > $R/pip.log 2>&1 || echo "wheel install failed" >> $R/pip.log
+export PYTHONPATH=/tmp/site:$PWD TORCHINDUCTOR_CACHE_DIR=/tmp/inductor PYTHONUNBUFFERED=1
+
+run() {  # run CAP_S command...: timeout min(CAP_S, time left)
+    local cap=$1; shift
+    local left=$((DEADLINE - $(date +%s)))
+    local t=$(( cap < left ? cap : left ))
+    if [ "$t" -le 5 ]; then echo "SKIPPED (no time left): $*"; return; fi
+    echo "=== [$(date +%T)] (limit ${t}s) $*"
+    timeout "$t" "$@"
+    echo "=== rc=$? after $(( $(date +%s) - START ))s"
+}
+{
+    for s in 0 5; do
+        run 50 python3 -m benchmarks.http_overhead --steps $s --num-prompts 8 --max-tokens 128 --name h200-steps$s \
+            --out-dir $R/http_overhead
+    done
+    run 80 python3 -m benchmarks.http_overhead --compile --steps 0 --num-prompts 8 --max-tokens 128 \
+        --name h200-compiled-steps0 --out-dir $R/http_overhead
+} > $R/run.log 2>&1
+tar czf $OUT/results.tgz -C $R .
+grep -h -E "^===|SKIPPED|HTTP /|engine in|HTTP stream" $R/run.log | tail -n 30
