@@ -34,14 +34,14 @@ def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int,
                 overlap: bool = True) -> tuple[int, int, float]:
     """Returns (tokens, verify steps, decode seconds excluding prefill).
 
-    overlap: as the server's engine loop runs, step n+1 is launched before step n is read
-    (the last launched step may be one more than needed: its time counts, its tokens do not).
+    overlap: as the server's engine loop runs on GPU, step n+1 is launched before step n is
+    read (the last launched step may be one more than needed: its time counts, its tokens do not).
     """
     s = greedy(decoder.device)
     decoder.prefill(0, prompt, s)
     sync(decoder.device)
     t0, tokens, steps = time.perf_counter(), 1, 0
-    if overlap and decoder.device_side(s):
+    if overlap and decoder.overlap and decoder.device_side(s):
         current = decoder.launch(1)
         while tokens < max_tokens:
             ahead = decoder.launch(1) if decoder.room_to_launch(1) else None

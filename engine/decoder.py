@@ -78,6 +78,9 @@ class BatchDecoder:
             drafter.setup_cache(max_batch, self.cache_len)
         self.lens = [0] * max_batch                                   # committed target cache length
         self._in_flight = 0                                           # launched, not yet collected
+        # Launch a step before reading the previous one? On GPU it keeps the device busy; on
+        # CPU a launch computes synchronously, so it would only add latency.
+        self.overlap = self.device.type == "cuda"
         self.lens_dev = torch.zeros(max_batch, dtype=torch.long, device=self.device)  # its device copy
         self.pending = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         if self.spec:

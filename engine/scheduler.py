@@ -220,7 +220,8 @@ class NativeEngine:
         current, self._next = self._next or dec.launch(rows), None
         # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
         # streams the current one. Only when nothing will change the batch meanwhile.
-        if self._inbox.empty() and not self._waiting and not self._aborted and dec.room_to_launch(rows):
+        if (dec.overlap and self._inbox.empty() and not self._waiting and not self._aborted
+                and dec.room_to_launch(rows)):
             self._next = dec.launch(rows)
         self._apply(dec.collect(current))
 

@@ -92,6 +92,7 @@ def run_engine(target_dir, draft_dir, steps, prompt, **params):
 
     async def go():
         await engine.start()
+        engine.decoder.overlap = True  # the GPU engine loop (step n+1 launched before n is read)
         try:
             ids, text, last = [], "", None
             async for out in engine.generate("r", prompt, SamplingParams(temperature=0, **params)):
@@ -196,3 +197,48 @@ def test_launching_ahead_matches_step_by_step(models, steps):
     assert dec.room_to_launch(len(prompts))
     dec.lens[0] = dec.cache_len  # a row whose cache is full: no step may be launched
     assert not dec.room_to_launch(len(prompts))
+
+
+def test_overlapped_engine_loop_matches_step_by_step(models, fitted_dir):
+    """The engine loop as it runs on GPU (step n+1 launched before step n is read), forced on
+    here: concurrent requests that finish at different steps (max_tokens, a stop token inside
+    an accepted run), a client that leaves midway and a request that arrives while a step is
+    in flight all get exactly the step-by-step loop's outputs."""
+    prompt, _, tok = inner_run_token(models)
+    jobs = [(models["prompts"][0], dict(max_tokens=7)), (models["prompts"][1], dict(max_tokens=N_TOKENS)),
+            (prompt, dict(max_tokens=N_TOKENS, stop_token_ids=[tok])), (models["prompts"][2], dict(max_tokens=13))]
+
+    def run(overlap: bool):
+        engine = build_engine(NativeEngineArgs(model=str(models["target_dir"]), draft=str(fitted_dir),
+                                               spec=SpecConfig(3), device="cpu", max_context=512))
+
+        async def one(i, p, params, leave_after=None, delay=0.0):
+            await asyncio.sleep(delay)
+            ids, last = [], None
+            async for out in engine.generate(f"r{i}", p, SamplingParams(temperature=0, **params)):
+                ids, last = ids + out.token_ids, out
+                if leave_after is not None and len(ids) >= leave_after:
+                    break
+            return ids, last.finish_reason if last else None
+
+        async def go():
+            await engine.start()
+            engine.decoder.overlap = overlap
+            try:
+                done = await asyncio.gather(*(one(i, p, kw) for i, (p, kw) in enumerate(jobs)),
+                                            one(9, models["prompts"][1], dict(max_tokens=N_TOKENS), leave_after=5),
+                                            one(10, models["prompts"][0], dict(max_tokens=20), delay=0.05))
+                for _ in range(200):  # the slot of the client that left is freed by the engine thread
+                    if engine.load == (0, 0):
+                        break
+                    await asyncio.sleep(0.01)
+                assert engine.load == (0, 0)
+                return done
+            finally:
+                await engine.shutdown()
+        return asyncio.run(go())
+
+    step_by_step, overlapped = run(False), run(True)
+    assert overlapped[:4] == step_by_step[:4] and overlapped[5] == step_by_step[5]
+    assert overlapped[2][1] == "stop" and overlapped[0][1] == "length"
+    assert overlapped[4][0][:5] == step_by_step[4][0][:5]

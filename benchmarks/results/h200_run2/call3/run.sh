@@ -5,7 +5,7 @@
 #   1. tensor-parallel decode on both GPUs (stage log + watchdog: the first try hung silently)
 #   2. GPU 0: HTTP overhead (graphs)   |  GPU 1: embedded-pair step sweep + step costs (graphs)
 #   3. GPU 1 alone: compiled step sweep, HTTP overhead compiled, compiled step costs
-# Run from the repository root:  bash benchmarks/results/h200_run2/run_x2_third.sh   (writes $OUT/results.tgz)
+# Run from the repository root:  bash benchmarks/results/h200_run2/call3/run.sh   (writes $OUT/results.tgz)
 set -u
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET_S:-565}))

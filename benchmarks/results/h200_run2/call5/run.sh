@@ -2,7 +2,7 @@
 # Fifth device call (one H200): HTTP overhead again, now that the in-process measurement runs
 # the same overlapped loop as the server's engine (the fourth call compared the server's
 # overlapped loop with a step-by-step in-process loop, and HTTP came out "faster").
-# Run from the repository root:  bash benchmarks/results/h200_run2/run_fifth.sh   (writes $OUT/results.tgz)
+# Run from the repository root:  bash benchmarks/results/h200_run2/call5/run.sh   (writes $OUT/results.tgz)
 set -u
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET_S:-170}))

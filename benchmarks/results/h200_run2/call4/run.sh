@@ -4,7 +4,7 @@
 #   1. tensor-parallel decode, 2 GPUs, default NCCL and the sweep's best setting; 1 GPU for reference
 #   2. GPU 0: 8B decode vs bandwidth vs transformers  |  GPU 1: HTTP overhead (graphs, compiled)
 #      (inductor limited to 8 compile threads so the host-bound HTTP runs keep their cores)
-# Run from the repository root:  bash benchmarks/results/h200_run2/run_x2_fourth.sh   (writes $OUT/results.tgz)
+# Run from the repository root:  bash benchmarks/results/h200_run2/call4/run.sh   (writes $OUT/results.tgz)
 set -u
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET_S:-470}))

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Second device call on nvidia-h200-x2: where the 8B decode step's time goes (GPU 0), then the
 # NCCL sweep and tensor-parallel decode across both GPUs (default NCCL vs the sweep's best).
-# Run from the repository root:  bash benchmarks/results/h200_run2/run_x2_nccl.sh   (writes $OUT/results.tgz)
+# Run from the repository root:  bash benchmarks/results/h200_run2/call2/run.sh   (writes $OUT/results.tgz)
 set -u
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET_S:-560}))

@@ -3,7 +3,7 @@
 # side by side, under one deadline so everything measured comes back.
 #   GPU 0: 8B-shaped decode vs bandwidth vs transformers (h200_decode.py), then 8B step costs.
 #   GPU 1: the shipped (embedded) pair: step sweep, step costs, HTTP overhead, compiled sweep.
-# Run from the repository root:  bash benchmarks/results/h200_run2/run_x2.sh   (writes $OUT/results.tgz)
+# Run from the repository root:  bash benchmarks/results/h200_run2/call1/run.sh   (writes $OUT/results.tgz)
 set -u
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET_S:-560}))
