@@ -5,24 +5,8 @@
 #   GPU 1: the shipped (embedded) pair: step sweep, step costs, HTTP overhead, compiled sweep.
 # Run from the repository root:  bash benchmarks/results/h200_run2/call1/run.sh   (writes $OUT/results.tgz)
 set -u
-START=$(date +%s)
-DEADLINE=$((START + ${BUDGET_S:-560}))
-R=/tmp/r; rm -rf $R; mkdir -p $R/step_sweep $R/costs $R/http_overhead
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > $R/pip.log 2>&1 || echo "wheel install failed (HTTP runs will fail)" >> $R/pip.log
-export PYTHONPATH=/tmp/site:$PWD TORCHINDUCTOR_CACHE_DIR=/tmp/inductor NCCL_NVLS_ENABLE=0
-nvidia-smi > $R/nvidia-smi.txt 2>&1
-
-# run CAP_S command...: run with a timeout of min(CAP_S, time left before the deadline)
-run() {
-    local cap=$1; shift
-    local left=$((DEADLINE - $(date +%s)))
-    local t=$(( cap < left ? cap : left ))
-    if [ "$t" -le 5 ]; then echo "SKIPPED (no time left): $*"; return; fi
-    echo "=== [$(date +%T)] (limit ${t}s) $*"
-    timeout "$t" "$@"
-    echo "=== rc=$? after $(( $(date +%s) - START ))s"
-}
+source "$(dirname "$0")/../device_call.sh"
+device_call 560 step_sweep costs http_overhead
 
 (
     export CUDA_VISIBLE_DEVICES=0

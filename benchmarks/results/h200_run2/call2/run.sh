@@ -3,20 +3,8 @@
 # NCCL sweep and tensor-parallel decode across both GPUs (default NCCL vs the sweep's best).
 # Run from the repository root:  bash benchmarks/results/h200_run2/call2/run.sh   (writes $OUT/results.tgz)
 set -u
-START=$(date +%s)
-DEADLINE=$((START + ${BUDGET_S:-560}))
-R=/tmp/r; rm -rf $R; mkdir -p $R
-export PYTHONPATH=$PWD TORCHINDUCTOR_CACHE_DIR=/tmp/inductor NCCL_NVLS_ENABLE=0
-
-run() {  # run CAP_S command...: timeout min(CAP_S, time left)
-    local cap=$1; shift
-    local left=$((DEADLINE - $(date +%s)))
-    local t=$(( cap < left ? cap : left ))
-    if [ "$t" -le 5 ]; then echo "SKIPPED (no time left): $*"; return; fi
-    echo "=== [$(date +%T)] (limit ${t}s) $*"
-    timeout "$t" "$@"
-    echo "=== rc=$? after $(( $(date +%s) - START ))s"
-}
+source "$(dirname "$0")/../device_call.sh"
+device_call 560
 
 {
     CUDA_VISIBLE_DEVICES=0 run 150 python3 -m benchmarks.decode_profile --out-dir $R/profile

@@ -6,23 +6,9 @@
 #      (inductor limited to 8 compile threads so the host-bound HTTP runs keep their cores)
 # Run from the repository root:  bash benchmarks/results/h200_run2/call4/run.sh   (writes $OUT/results.tgz)
 set -u
-START=$(date +%s)
-DEADLINE=$((START + ${BUDGET_S:-470}))
-R=/tmp/r; rm -rf $R; mkdir -p $R/http_overhead $R/tp_decode
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > $R/pip.log 2>&1 || echo "wheel install failed" >> $R/pip.log
-export PYTHONPATH=/tmp/site:$PWD TORCHINDUCTOR_CACHE_DIR=/tmp/inductor NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/../device_call.sh"
+device_call 470 http_overhead tp_decode
 export TORCHINDUCTOR_COMPILE_THREADS=8
-
-run() {  # run CAP_S command...: timeout min(CAP_S, time left)
-    local cap=$1; shift
-    local left=$((DEADLINE - $(date +%s)))
-    local t=$(( cap < left ? cap : left ))
-    if [ "$t" -le 5 ]; then echo "SKIPPED (no time left): $*"; return; fi
-    echo "=== [$(date +%T)] (limit ${t}s) $*"
-    timeout "$t" "$@"
-    echo "=== rc=$? after $(( $(date +%s) - START ))s"
-}
 TP="-m benchmarks.tp_decode --shape 8b --tokens 128 --prompt-len 64 --out-dir $R/tp_decode --watchdog-s 50"
 
 {

@@ -4,22 +4,8 @@
 # overlapped loop with a step-by-step in-process loop, and HTTP came out "faster").
 # Run from the repository root:  bash benchmarks/results/h200_run2/call5/run.sh   (writes $OUT/results.tgz)
 set -u
-START=$(date +%s)
-DEADLINE=$((START + ${BUDGET_S:-170}))
-R=/tmp/r; rm -rf $R; mkdir -p $R/http_overhead
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > $R/pip.log 2>&1 || echo "wheel install failed" >> $R/pip.log
-export PYTHONPATH=/tmp/site:$PWD TORCHINDUCTOR_CACHE_DIR=/tmp/inductor PYTHONUNBUFFERED=1
-
-run() {  # run CAP_S command...: timeout min(CAP_S, time left)
-    local cap=$1; shift
-    local left=$((DEADLINE - $(date +%s)))
-    local t=$(( cap < left ? cap : left ))
-    if [ "$t" -le 5 ]; then echo "SKIPPED (no time left): $*"; return; fi
-    echo "=== [$(date +%T)] (limit ${t}s) $*"
-    timeout "$t" "$@"
-    echo "=== rc=$? after $(( $(date +%s) - START ))s"
-}
+source "$(dirname "$0")/../device_call.sh"
+device_call 170 http_overhead
 {
     for s in 0 5; do
         run 50 python3 -m benchmarks.http_overhead --steps $s --num-prompts 8 --max-tokens 128 --name h200-steps$s \
