@@ -9,6 +9,7 @@ writes JSON. Without torchrun it runs as a single process (TP 1).
 
   torchrun --nproc-per-node 2 -m benchmarks.tp_decode --shape 8b --name tp2-default
   NCCL_PROTO=LL NCCL_ALGO=Ring torchrun --nproc-per-node 2 -m benchmarks.tp_decode --name tp2-LL-Ring
+  torchrun --nproc-per-node 2 -m benchmarks.tp_decode --profile h200x2-native --name tp2-profile
   python -m benchmarks.tp_decode --shape 8b --name tp1        # one GPU
 """
 from __future__ import annotations
@@ -111,12 +112,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the decode step (collectives as funcol)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--profile", help="apply this launch profile's [env] (NCCL settings) before NCCL starts")
     ap.add_argument("--watchdog-s", type=float, default=0,
                     help="after this many seconds dump every thread's stack and exit (finds hangs)")
     ap.add_argument("--name", help="output stem (default tp<N>-<shape>)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
 
+    if args.profile:  # the environment a server started with this profile would have
+        from launch.profiles import resolve
+        os.environ.update(resolve(args.profile).env)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # required on the lent machines; before NCCL starts
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -183,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "achieved_gb_s_per_rank": per_token * tok_s / 1e9 if not spec else None,
         "copy_bandwidth_gb_s": bw,
         "fraction_of_copy_bandwidth": per_token * tok_s / 1e9 / bw if bw and not spec else None,
+        "profile": args.profile,
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if cuda and world > 1 else None,
         "torch": torch.__version__, "provenance": provenance(argv),
