@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Callable
 
 from fastapi import FastAPI
 
@@ -27,13 +28,16 @@ DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
 def create_app(engine: Engine, *, api_key: str | None = None, served_model_name: str | None = None,
                launch_info: dict[str, str] | None = None, max_body_bytes: int = 8 << 20,
-               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> FastAPI:
+               request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+               on_start_failure: Callable[[], None] | None = None) -> FastAPI:
     """api_key: required as a Bearer token on /v1/* when set. served_model_name: the model id
     clients use (default: the engine's). launch_info: extra labels for specserve_launch_info.
     max_body_bytes: larger request bodies get 413. request_timeout_s: per-request wall-clock
-    limit (None: none); past it the request is aborted and answered with 504."""
+    limit (None: none); past it the request is aborted and answered with 504.
+    on_start_failure: called if the engine cannot start (without it, /health stays 503)."""
     ctx = ServerContext(engine=engine, metrics=ServerMetrics(engine, launch_info), served_model_name=served_model_name,
-                        max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s)
+                        max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
+                        on_start_failure=on_start_failure)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

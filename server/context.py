@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.api import Engine
 from server.errors import APIError
@@ -28,6 +29,7 @@ class ServerContext:
     request_timeout_s: float | None
     start_task: asyncio.Task | None = None
     start_error: str | None = None
+    on_start_failure: Callable[[], None] | None = None  # e.g. stop the server process
     _ids: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -54,6 +56,8 @@ class ServerContext:
         except Exception as e:
             self.start_error = f"engine failed to start: {type(e).__name__}: {e}"
             log.exception("engine failed to start")
+            if self.on_start_failure is not None:
+                self.on_start_failure()
 
     def check_ready(self) -> None:
         status = self.status

@@ -21,14 +21,24 @@ DEFAULT_STEPS_WITH_DRAFT = 3
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           served_model_name: str | None = None, launch_info: dict[str, str] | None = None, log_level: str = "info",
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, max_body_bytes: int = 8 << 20) -> None:
-    """Serve `engine` until SIGINT/SIGTERM; in-flight requests are drained before the engine stops."""
+    """Serve `engine` until SIGINT/SIGTERM; in-flight requests are drained before the engine stops.
+    If the engine cannot start (weights, tokenizer, device), the process exits with status 1
+    instead of answering 503 forever, so a supervisor sees the failure and can restart or alert."""
     import uvicorn
 
     configure_logging(log_level)
+    server = None
+
+    def stop() -> None:
+        server.should_exit = True  # the graceful stop uvicorn runs on SIGTERM
+
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name, launch_info=launch_info,
-                     max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s)
+                     max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s, on_start_failure=stop)
     # Our access log (server/middleware.py) replaces uvicorn's: it has the request id and tokens.
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False))
+    server.run()
+    if app.state.ctx.start_error:
+        raise SystemExit(f"specserve: {app.state.ctx.start_error}")
 
 
 def configure_logging(level: str) -> None:

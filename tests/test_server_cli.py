@@ -59,3 +59,18 @@ def test_python_m_server_with_draft_defaults_to_3_steps(tmp_path):
     assert rc == 0, (tmp_path / "server.log").read_text()
     text = (tmp_path / "server.log").read_text()
     assert '"POST /v1/completions HTTP/1.1" 200 prompt_tokens=' in text
+
+
+def test_engine_that_cannot_start_ends_the_process(tmp_path):
+    """Weights load but the tokenizer is missing: the server exits 1 with the reason instead
+    of answering /health with 503 forever."""
+    import shutil
+    broken = tmp_path / "no_tokenizer"
+    broken.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(h.models().target / name, broken / name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "server", "--model", str(broken), "--port", str(h.free_port())],
+                          capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "engine failed to start" in proc.stderr and "tokenizer" in proc.stderr.lower()
