@@ -6,7 +6,8 @@ target cache) and, with a drafter, the drafter's prediction after that token. On
 speculative step = draft (chain or tree) -> verify in one target forward -> accept ->
 compact the accepted path in the target cache -> drafter extend over the accepted tokens.
 Rejected positions need no rollback: they lie beyond the committed length and are masked
-out, then overwritten.
+out, then overwritten. Greedy chain and plain steps run device-side (`launch`/`collect`), so
+the next one can be launched before the host has read the current one.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ or speculative step for every active request, turns new tokens into text deltas,
 the stop conditions (EOS, stop token ids, stop strings, max_tokens, context limit,
 deadline) token by token — also inside an accepted draft run — and hands each delta to the
 request's asyncio queue. Cancelled requests leave the batch before the next step.
+On GPU, device-side (greedy) steps overlap: the next step is launched before the thread
+reads and streams the current one, unless the batch is about to change.
 """
 from __future__ import annotations
 
