@@ -216,7 +216,7 @@ def run(launch: Launch, plan: Plan) -> int:
     try:
         serve(engine, host=p.server.host, port=p.server.port, api_key=launch.api_key,
               served_model_name=p.server.served_model_name, launch_info=launch_info(launch),
-              log_level=p.server.log_level)
+              log_level=p.server.log_level, shutdown_timeout_s=p.server.shutdown_timeout_s or None)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -64,6 +64,7 @@ class ServerSection:
     port: int = 8000
     served_model_name: str | None = None
     log_level: str = "info"
+    shutdown_timeout_s: float = 30.0   # SIGTERM: drain in-flight requests this long (0: no limit)
 
 
 @dataclass

@@ -16,12 +16,15 @@ from server.app import DEFAULT_REQUEST_TIMEOUT_S, create_app
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEFAULT_STEPS_WITH_DRAFT = 3
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # Kubernetes' default grace period before SIGKILL
 
 
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           served_model_name: str | None = None, launch_info: dict[str, str] | None = None, log_level: str = "info",
-          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, max_body_bytes: int = 8 << 20) -> None:
-    """Serve `engine` until SIGINT/SIGTERM; in-flight requests are drained before the engine stops.
+          request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, max_body_bytes: int = 8 << 20,
+          shutdown_timeout_s: float | None = DEFAULT_SHUTDOWN_TIMEOUT_S) -> None:
+    """Serve `engine` until SIGINT/SIGTERM; in-flight requests are drained before the engine
+    stops, for at most `shutdown_timeout_s` (None: as long as they take), then cancelled.
     If the engine cannot start (weights, tokenizer, device), the process exits with status 1
     instead of answering 503 forever, so a supervisor sees the failure and can restart or alert."""
     import uvicorn
@@ -35,7 +38,8 @@ def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | N
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name, launch_info=launch_info,
                      max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s, on_start_failure=stop)
     # Our access log (server/middleware.py) replaces uvicorn's: it has the request id and tokens.
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                                           timeout_graceful_shutdown=shutdown_timeout_s))
     server.run()
     if app.state.ctx.start_error:
         raise SystemExit(f"specserve: {app.state.ctx.start_error}")
@@ -71,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
                    help="per-request limit in seconds (0: none)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                   help="on SIGTERM, drain in-flight requests at most this many seconds (0: no limit)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
 
@@ -102,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     serve(engine, host=args.host, port=args.port, api_key=args.api_key or None,
           served_model_name=args.served_model_name, launch_info=launch_info, log_level=args.log_level,
-          request_timeout_s=args.request_timeout or None, max_body_bytes=args.max_body_bytes)
+          request_timeout_s=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
+          shutdown_timeout_s=args.shutdown_timeout or None)
     return 0
 
 

@@ -74,3 +74,54 @@ def test_engine_that_cannot_start_ends_the_process(tmp_path):
                           capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "engine failed to start" in proc.stderr and "tokenizer" in proc.stderr.lower()
+
+
+def test_sigterm_drain_is_bounded_by_shutdown_timeout(tmp_path):
+    """A stream that would run for seconds is cut once --shutdown-timeout has passed after
+    SIGTERM: the process still exits 0, and promptly."""
+    import threading
+    port = h.free_port()
+    log = (tmp_path / "server.log").open("w")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(ROOT / "shipped" / "target"),
+                             "--port", str(port), "--shutdown-timeout", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+    url, chunks, first = f"http://127.0.0.1:{port}", [], threading.Event()
+
+    def stream():
+        try:
+            with httpx.stream("POST", url + "/v1/completions", timeout=120, json={
+                    "prompt": "import os\n", "max_tokens": 900, "temperature": 0, "ignore_eos": True,
+                    "stream": True}) as r:
+                for line in r.iter_lines():
+                    chunks.append(line)
+                    first.set()
+        except httpx.HTTPError:
+            pass  # the cut connection
+    try:
+        deadline = time.monotonic() + 120
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.2)
+        t = threading.Thread(target=stream)
+        t.start()
+        assert first.wait(60)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # our own child, by pid
+        rc = proc.wait(60)
+        took = time.monotonic() - t0
+        t.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert rc == 0, (tmp_path / "server.log").read_text()
+    assert took < 10, f"exit took {took:.1f} s with a 1 s drain limit"
+    assert "data: [DONE]" not in chunks, "the 900-token stream finished: the limit was not exercised"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
