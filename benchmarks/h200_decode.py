@@ -2,7 +2,8 @@
 
 Random weights (nothing can be downloaded), Llama-3-8B shape. Measured in one run, on the
 same weights: device copy bandwidth; our engine's greedy decode (CUDA graphs; then with
-fused q/k/v and gate/up projections; then also torch.compile, as `--compile` serves); the cost of
+fused q/k/v and gate/up projections; then also torch.compile, step by step and overlapped as
+the server's loop runs it: `ours_tok_s`); the cost of
 verifying 1..16 tokens in one target forward against one-token decode; the 8B-shaped
 EAGLE-3 drafter's step and extend costs; and transformers `generate` (default, static
 cache + torch.compile, assisted generation with a small draft model). Warm-up first,

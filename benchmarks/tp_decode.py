@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     }
     path = write_json(Path(args.out_dir) / f"{result['name']}.json", result) if rank == 0 else None
     stage("measured")
+    if args.watchdog_s:
+        import faulthandler
+        faulthandler.cancel_dump_traceback_later()
     if world > 1:
         # Graphs holding NCCL kernels must go before the communicator (the first 2-GPU run
         # hung at the end, with them alive, before writing anything).
