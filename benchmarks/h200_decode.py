@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.decoder import BatchDecoder  # noqa: E402
 from engine.masks import block_inputs, causal  # noqa: E402
-from engine.sampling import BatchSampling  # noqa: E402
+from benchmarks.engine_speed import decode_once  # noqa: E402
 from benchmarks.shapes import weight_bytes  # noqa: E402
 from models.eagle3 import Eagle3Config, Eagle3Drafter  # noqa: E402
 from models.layers import fuse_projections  # noqa: E402
@@ -87,26 +87,11 @@ def our_decode(target, prompt_len: int, new_tokens: int, compile: bool = False, 
     """Greedy decode tok/s; `ahead`: step n+1 is launched before step n is read, as the
     server's engine loop does (the GPU never waits for the host between steps)."""
     dec = BatchDecoder(target, None, None, max_batch=1, max_context=1024, compile=compile)
-    s = BatchSampling(torch.zeros(1, device="cuda"), torch.ones(1, device="cuda"),
-                      torch.zeros(1, dtype=torch.long, device="cuda"), [None])
     prompt = list(range(10, 10 + prompt_len))
     rates = []
-    for _ in range(4):
-        dec.prefill(0, prompt, s)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        if ahead:
-            current = dec.launch(1)
-            for _ in range(new_tokens - 1):
-                nxt = dec.launch(1)
-                dec.collect(current)
-                current = nxt
-            dec.collect(current)
-        else:
-            for _ in range(new_tokens):
-                dec.step(1, s)
-        torch.cuda.synchronize()
-        rates.append(new_tokens / (time.perf_counter() - t0))
+    for _ in range(4):  # the first token comes from the prefill: new_tokens decode steps follow
+        tokens, _, secs = decode_once(dec, prompt, new_tokens + 1, overlap=ahead)
+        rates.append((tokens - 1) / secs)
     return statistics.median(rates[1:])  # the first round captures the graphs
 
 

@@ -16,7 +16,7 @@ import asyncio
 from pathlib import Path
 
 from benchmarks.report import md_table, provenance, write_json
-from benchmarks.step_sweep import BASELINE_CMD, HELDOUT, SERVER_CMD
+from benchmarks.step_sweep import BASELINE_CMD, HELDOUT, SERVER_CMD, server_command
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "http_overhead"
@@ -30,9 +30,7 @@ def measure_http(args) -> dict:
     prompts = serving.load_prompts(args.prompts, args.num_prompts + 1)
     dt = args.draft_tokens or args.steps + 1
     fields = {"model": args.model, "draft": args.draft, "steps": args.steps, "topk": args.topk, "draft_tokens": dt}
-    # The server decodes with the same context and compile setting as the in-process run.
-    template = ((args.server_cmd if args.steps else args.baseline_cmd) + f" --max-context {args.max_context}"
-                + (" --compile" if args.compile else ""))
+    template = server_command(args, speculative=args.steps > 0)
     with running_server(template, fields, Path(args.out_dir) / f"{args.name}-server.log", args.server_timeout) as base:
         cfg = serving.BenchConfig(base_url=base, model=None, max_concurrency=1, request_rate=float("inf"),
                                   num_prompts=args.num_prompts, max_tokens=args.max_tokens, temperature=0.0,

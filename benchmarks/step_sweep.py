@@ -105,6 +105,13 @@ def sweep_in_process(args, grid: list[Setting]) -> tuple[list[dict], dict]:
     return rows, env
 
 
+def server_command(args, speculative: bool) -> str:
+    """The server command template for a setting, with the context and compile setting the
+    in-process measurement uses (compiled steps attend over the whole context)."""
+    return ((args.server_cmd if speculative else args.baseline_cmd) + f" --max-context {args.max_context}"
+            + (" --compile" if args.compile else ""))
+
+
 def sweep_http(args, grid: list[Setting]) -> tuple[list[dict], dict]:
     from benchmarks import serving
     from benchmarks.server_proc import running_server
@@ -113,7 +120,7 @@ def sweep_http(args, grid: list[Setting]) -> tuple[list[dict], dict]:
     log = Path(args.out_dir) / f"{args.name}-servers.log"
     rows = []
     for s in grid:
-        template = args.server_cmd if s.steps else args.baseline_cmd
+        template = server_command(args, speculative=s.steps > 0)
         try:
             with running_server(template, {"model": args.model, "draft": args.draft, **s.record()}, log,
                                 args.server_timeout) as base:

@@ -163,11 +163,15 @@ class BatchDecoder:
         """Whether steps for this batch run device-side (launch/collect, no host decisions)."""
         return self.fast_greedy and sampling.all_greedy and (self.spec is None or self.spec.topk == 1)
 
+    def _step_reach(self) -> int:
+        """Cache positions past the host's committed lengths the next device-side step may
+        write: its own headroom plus up to steps + 1 tokens per step still in flight."""
+        per_step, headroom = (self.spec.steps + 1, self.spec.headroom) if self.spec else (1, 1)
+        return headroom + self._in_flight * per_step
+
     def room_to_launch(self, rows: int) -> bool:
         """Whether one more step fits every row's cache, counting steps still in flight."""
-        per_step = self.spec.steps + 1 if self.spec else 1
-        headroom = self.spec.headroom if self.spec else 1
-        return max(self.lens[:rows]) + self._in_flight * per_step + headroom <= self.cache_len
+        return max(self.lens[:rows]) + self._step_reach() <= self.cache_len
 
     @torch.inference_mode()
     def launch(self, rows: int) -> "InFlight":
@@ -180,9 +184,7 @@ class BatchDecoder:
         """
         kind = "chain" if self.spec else "plain"
         fn = self._fns[kind]
-        per_step = self.spec.steps + 1 if self.spec else 1
-        behind = self._in_flight * per_step  # tokens the host has not counted yet, at most
-        span = self._span(rows, (self.spec.headroom if self.spec else 1) + behind)
+        span = self._span(rows, self._step_reach())
         # Graphs run a power-of-two number of rows; the extra rows are free cache rows at length 0.
         padded = min(self.max_batch, 1 << (rows - 1).bit_length()) if self.graphs.enabled else rows
         if self._in_flight:  # the device lengths are ahead of the host's: keep them

@@ -35,14 +35,8 @@ def test_python_m_server_with_draft_defaults_to_3_steps(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+        while not _healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
             time.sleep(0.2)
         assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
         r = httpx.post(url + "/v1/completions", timeout=60,
