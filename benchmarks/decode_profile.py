@@ -1,10 +1,10 @@
 """Where does a batch-1 decode step of the 8B shape spend its GPU time? (ours, compiled)
 
 Profiles the engine's own decode step (BatchDecoder, fused projections, torch.compile,
-CUDA graph) with torch.profiler, groups kernels (matmul, attention, fused Triton, other),
-and times each weight matrix's GEMV alone against the copy bandwidth, so the gap between
-the measured step and the weight-read floor can be split into "GEMVs below bandwidth" and
-"everything else". Writes JSON and a text table.
+CUDA graph; and graphs only) with torch.profiler and groups kernels (GEMVs as cuBLAS or as
+Triton reductions, attention, other fused Triton, other) against the weight-read floor.
+Each weight matrix's GEMV alone, per kernel choice: benchmarks/decode_kernels.py.
+Writes JSON and a text table.
 
   python -m benchmarks.decode_profile --out-dir benchmarks/results/h200_run2/profile
 """
@@ -16,9 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.h200_decode import copy_bandwidth, cuda_time, graphed
+from benchmarks.h200_decode import copy_bandwidth
 from benchmarks.shapes import random_target, weight_bytes
 from engine.decoder import BatchDecoder
 from engine.sampling import BatchSampling
@@ -28,11 +27,13 @@ from models.layers import fuse_projections
 def kind(name: str) -> str:
     n = name.lower()
     if any(s in n for s in ("gemv", "gemm", "cutlass", "xmma", "nvjet", "sm90", "cublas")):
-        return "matmul"
+        return "gemv (cuBLAS)"
     if any(s in n for s in ("flash", "fmha", "attention", "efficient")):
         return "attention"
+    if "triton" in n and "_sum" in n:
+        return "gemv (triton reduction)"
     if "triton" in n:
-        return "triton (fused elementwise/reductions)"
+        return "triton (fused elementwise/norms)"
     return "other"
 
 
@@ -62,22 +63,6 @@ def profile_step(target, steps: int, compile: bool) -> dict:
             "top": [{"kernel": k[:140], "ms_per_step": v[0], "calls_per_step": v[1] / steps} for k, v in top]}
 
 
-def gemv_rates(target, bw: float) -> list[dict]:
-    """Each distinct weight matrix of a layer (and lm_head) as a batch-1 GEMV, alone, graphed."""
-    layer = target.layers[0]
-    mats = {"qkv_proj": layer.self_attn.qkv_proj.weight, "o_proj": layer.self_attn.o_proj.weight,
-            "gate_up_proj": layer.mlp.gate_up_proj.weight, "down_proj": layer.mlp.down_proj.weight,
-            "lm_head": target.lm_head.weight}
-    out = []
-    for name, w in mats.items():
-        x = torch.randn(1, w.shape[1], device="cuda", dtype=w.dtype)
-        t = cuda_time(graphed(lambda w=w, x=x: F.linear(x, w)), iters=100)
-        b = w.numel() * w.element_size()
-        out.append({"matrix": name, "shape": list(w.shape), "MB": b / 1e6, "us": t * 1e6, "GBps": b / t / 1e9,
-                    "fraction_of_copy_bw": b / t / bw})
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", required=True)
@@ -91,17 +76,10 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_Bps": bw,
            "streamed_bytes_per_token": streamed, "weight_read_floor_ms": streamed / bw * 1000}
     with torch.inference_mode():
-        res["gemv"] = gemv_rates(target, bw)
-        layer_ms = sum(g["us"] for g in res["gemv"] if g["matrix"] != "lm_head") / 1000
-        lm = next(g["us"] for g in res["gemv"] if g["matrix"] == "lm_head") / 1000
-        res["gemv_sum_ms_per_step"] = layer_ms * len(target.layers) + lm
         res["compiled"] = profile_step(target, args.steps, compile=True)
         res["graphs_only"] = profile_step(target, args.steps, compile=False)
     (out / "decode_profile.json").write_text(json.dumps(res, indent=2))
-    lines = [f"copy bandwidth {bw / 1e12:.2f} TB/s; weight-read floor {res['weight_read_floor_ms']:.2f} ms/token; "
-             f"GEMVs alone sum to {res['gemv_sum_ms_per_step']:.2f} ms/token"]
-    lines += [f"  {g['matrix']:<13} {str(g['shape']):<15} {g['us']:8.1f} us {g['GBps']:7.0f} GB/s "
-              f"({100 * g['fraction_of_copy_bw']:.0f}%)" for g in res["gemv"]]
+    lines = [f"copy bandwidth {bw / 1e12:.2f} TB/s; weight-read floor {res['weight_read_floor_ms']:.2f} ms/token"]
     for mode in ("compiled", "graphs_only"):
         p = res[mode]
         lines.append(f"\n{mode}: kernels {p['kernel_ms_per_step']:.2f} ms/step, {p['kernels_per_step']:.0f} kernels/step")

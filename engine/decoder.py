@@ -57,6 +57,14 @@ class InFlight:
     done: torch.cuda.Event | None
 
 
+# Inductor options for `compile=True`: coordinate descent tunes the block sizes of the
+# one-token GEMV reductions (as gpt-fast does): alone, an 8B GEMV then reads its weights at
+# 86-99% of copy bandwidth where cuBLAS reaches 59-88%. Benchmarked fusion keeps inductor
+# from fusing the RMSNorm/SiLU that feeds a GEMV into it when that is slower (it was: the
+# 8B step fell from 215 to 187 tok/s in one compile). benchmarks/decode_kernels.py has both.
+COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
+
+
 @dataclass
 class StepResult:
     tokens: list[int]            # new tokens of this row, in order
@@ -90,15 +98,18 @@ class BatchDecoder:
             self.draft_logits = torch.zeros(max_batch, drafter.config.draft_vocab_size, dtype=dtype, device=self.device)
             self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
-        # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step; with
-        # it the attention span is fixed to the cache length so each batch size compiles once.
-        # Off by default: compiling takes ~30-60 s per step shape (GPU benchmarks turn it on).
+        # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
+        # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear);
+        # COMPILE_OPTIONS tune those kernels. The attention span is
+        # fixed to the cache length so each batch size compiles once. Off by default:
+        # compiling takes ~1 min per step shape (GPU benchmarks and `--compile` turn it on).
         self.compiled = compile
         self._fns = {"plain": plain_greedy, "chain": chain_greedy}
         if self.compiled:
             import torch._dynamo as dynamo
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-            self._fns = {k: torch.compile(f, dynamic=False) for k, f in self._fns.items()}
+            self._fns = {k: torch.compile(f, dynamic=False, options=dict(COMPILE_OPTIONS))
+                         for k, f in self._fns.items()}
 
     def _graph_state(self) -> list[torch.Tensor]:
         extra = [self.draft_logits, self.draft_hidden] if self.spec else []

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from models.layers import Attention, AttnInputs, KVCache, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
+from models.layers import Attention, AttnInputs, KVCache, Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 
 
 @dataclass
@@ -63,10 +63,10 @@ class Eagle3Drafter(nn.Module):
         h = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.embed_tokens.weight.requires_grad_(False)  # frozen: the target's embedding
-        self.fc = nn.Linear(config.num_aux * config.target_hidden_size, h, bias=False)
+        self.fc = Linear(config.num_aux * config.target_hidden_size, h, bias=False)
         self.midlayer = Eagle3Layer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
-        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        self.lm_head = Linear(h, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),

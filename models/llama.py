@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from models.aux_layers import default_aux_layer_ids
 from models.hf_config import read_hf_config
-from models.layers import Attention, AttnInputs, KVCache, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
+from models.layers import Attention, AttnInputs, KVCache, Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.safetensors_io import load_state_dict
 
 
@@ -86,7 +86,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),

@@ -90,3 +90,18 @@ def test_fused_projections_keep_logits_and_greedy_tokens(hf_pair):
         out += [dec.step(1, greedy)[0].tokens[0] for _ in range(30)]
         outs.append(out)
     assert outs[0] == outs[1]
+
+
+def test_one_token_gemv_as_reduction_matches_linear():
+    """The form models.layers.Linear takes for one token under torch.compile on GPU: the same
+    product as F.linear, accumulated in fp32 (bf16 inputs: as close to the fp32 product as
+    cuBLAS's bf16 GEMV is)."""
+    import torch.nn.functional as F
+    from models.layers import gemv_reduction
+    torch.manual_seed(0)
+    x, w, b = torch.randn(1, 1, 512), torch.randn(384, 512) / 16, torch.randn(384)
+    assert torch.allclose(gemv_reduction(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    exact = F.linear(x.bfloat16().float(), w.bfloat16().float())
+    ours = gemv_reduction(x.bfloat16(), w.bfloat16())
+    assert ours.dtype == torch.bfloat16
+    assert (ours.float() - exact).abs().max() <= (F.linear(x.bfloat16(), w.bfloat16()).float() - exact).abs().max() * 2

@@ -5,7 +5,7 @@
 #   GPU 1: the shipped (embedded) pair: step sweep, step costs, HTTP overhead, compiled sweep.
 # Run from the repository root:  bash benchmarks/results/h200_run2/call1/run.sh   (writes $OUT/results.tgz)
 set -u
-source "$(dirname "$0")/../device_call.sh"
+source "$(dirname "$0")/../../device_call.sh"
 device_call 560 step_sweep costs http_overhead
 
 (

@@ -3,7 +3,7 @@
 # NCCL sweep and tensor-parallel decode across both GPUs (default NCCL vs the sweep's best).
 # Run from the repository root:  bash benchmarks/results/h200_run2/call2/run.sh   (writes $OUT/results.tgz)
 set -u
-source "$(dirname "$0")/../device_call.sh"
+source "$(dirname "$0")/../../device_call.sh"
 device_call 560
 
 {

@@ -7,7 +7,7 @@
 #   3. GPU 1 alone: compiled step sweep, HTTP overhead compiled, compiled step costs
 # Run from the repository root:  bash benchmarks/results/h200_run2/call3/run.sh   (writes $OUT/results.tgz)
 set -u
-source "$(dirname "$0")/../device_call.sh"
+source "$(dirname "$0")/../../device_call.sh"
 device_call 565 step_sweep costs http_overhead tp_decode
 TP="-m benchmarks.tp_decode --shape 8b --tokens 128 --prompt-len 64 --out-dir $R/tp_decode --watchdog-s 70"
 

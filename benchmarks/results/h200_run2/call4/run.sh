@@ -6,7 +6,7 @@
 #      (inductor limited to 8 compile threads so the host-bound HTTP runs keep their cores)
 # Run from the repository root:  bash benchmarks/results/h200_run2/call4/run.sh   (writes $OUT/results.tgz)
 set -u
-source "$(dirname "$0")/../device_call.sh"
+source "$(dirname "$0")/../../device_call.sh"
 device_call 470 http_overhead tp_decode
 export TORCHINDUCTOR_COMPILE_THREADS=8
 TP="-m benchmarks.tp_decode --shape 8b --tokens 128 --prompt-len 64 --out-dir $R/tp_decode --watchdog-s 50"

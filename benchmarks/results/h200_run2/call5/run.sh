@@ -4,7 +4,7 @@
 # overlapped loop with a step-by-step in-process loop, and HTTP came out "faster").
 # Run from the repository root:  bash benchmarks/results/h200_run2/call5/run.sh   (writes $OUT/results.tgz)
 set -u
-source "$(dirname "$0")/../device_call.sh"
+source "$(dirname "$0")/../../device_call.sh"
 device_call 170 http_overhead
 {
     for s in 0 5; do

@@ -1,4 +1,4 @@
-# Sourced by callN/run.sh: what every device call of this session shared (the calls ran with
+# Sourced by h200_runN/callM/run.sh: what every device call shares (the h200_run2 calls ran with
 # these lines inline; folded here afterwards, with the union of their environment settings).
 #   device_call BUDGET_S [RESULT_SUBDIRS...]   deadline, /tmp/r result tree, carried wheels, env
 #   run CAP_S command...                       timeout min(CAP_S, time left before the deadline)
