@@ -141,14 +141,16 @@ def hf_generate(hf, prompt_len: int, new_tokens: int, assistant=None, compiled=F
     if assistant is not None:
         kw["assistant_model"] = assistant
     rates = []
-    for i in range(3 if compiled else 2):
+    # Generous to the peer: its best round after the first. Compiled `generate` was still
+    # speeding up at its third round (h200_run3/call5: 8.8, 104.5, 114.2 tok/s), so it gets five.
+    for i in range(5 if compiled else 3):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = hf.generate(ids, **kw)
         torch.cuda.synchronize()
         rates.append((out.shape[1] - prompt_len) / (time.perf_counter() - t0))
         log(f"  hf round {i}: {rates[-1]:.1f} tok/s")
-    return rates[-1]
+    return max(rates[1:])
 
 
 def measure_ours(ours, args, res: dict, record, save) -> None:
