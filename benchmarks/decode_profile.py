@@ -39,8 +39,7 @@ def kind(name: str) -> str:
 
 def profile_step(target, steps: int, compile: bool) -> dict:
     dec = BatchDecoder(target, None, None, max_batch=1, max_context=1024, compile=compile)
-    s = BatchSampling(torch.zeros(1, device="cuda"), torch.ones(1, device="cuda"),
-                      torch.zeros(1, dtype=torch.long, device="cuda"), [None])
+    s = BatchSampling.all_greedy_rows(1, "cuda")
     dec.prefill(0, list(range(10, 42)), s)
     for _ in range(8):
         dec.step(1, s)  # compile + capture

@@ -20,11 +20,6 @@ from engine.loading import NativeEngineArgs, load_models, load_tokenizer
 from engine.sampling import BatchSampling
 
 
-def greedy(device) -> BatchSampling:
-    return BatchSampling(torch.zeros(1, device=device), torch.ones(1, device=device),
-                         torch.zeros(1, dtype=torch.long, device=device), [None])
-
-
 def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -37,7 +32,7 @@ def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int,
     overlap: as the server's engine loop runs on GPU, step n+1 is launched before step n is
     read (the last launched step may be one more than needed: its time counts, its tokens do not).
     """
-    s = greedy(decoder.device)
+    s = BatchSampling.all_greedy_rows(1, decoder.device)
     decoder.prefill(0, prompt, s)
     sync(decoder.device)
     t0, tokens, steps = time.perf_counter(), 1, 0

@@ -36,8 +36,7 @@ def build(dtype):
 
 def decode(t, d, spec, prompts, fast, n=48, compile=False):
     dec = BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile)
-    g = lambda b: BatchSampling(torch.zeros(b, device="cuda"), torch.ones(b, device="cuda"),
-                                torch.zeros(b, dtype=torch.long, device="cuda"), [None] * b)
+    g = lambda b: BatchSampling.all_greedy_rows(b, "cuda")  # noqa: E731
     outs = [[dec.prefill(i, p, g(1))] for i, p in enumerate(prompts)]
     while min(map(len, outs)) < n:
         for i, r in enumerate(dec.step(len(prompts), g(len(prompts)))):

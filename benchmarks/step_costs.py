@@ -70,16 +70,11 @@ def time_ms(fn, device: torch.device, iters: int) -> float:
     return statistics.median(groups)
 
 
-def greedy(device) -> BatchSampling:
-    return BatchSampling(torch.zeros(1, device=device), torch.ones(1, device=device),
-                         torch.zeros(1, dtype=torch.long, device=device), [None])
-
-
 def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, max_context: int,
                    compile: bool = False) -> float:
     """One engine step as the decode loop pays it (graph replay + host read), at a fixed context."""
     dec = BatchDecoder(target, drafter, spec, 1, max_context, compile=compile)
-    s = greedy(dec.device)
+    s = BatchSampling.all_greedy_rows(1, dec.device)
     dec.prefill(0, prompt, s)
     ctx = dec.lens[0]
 
@@ -107,7 +102,7 @@ def measure(target, drafter, context: int, max_verify: int, cycle_steps: list[in
     # Component timings over the cache of a spec decoder (its span, as the engine uses it).
     top = max(max(cycle_steps), ref_steps, max_verify)
     dec = BatchDecoder(target, drafter, SpecConfig(top), 1, max_context)
-    dec.prefill(0, prompt, greedy(dev))
+    dec.prefill(0, prompt, BatchSampling.all_greedy_rows(1, dev))
     base = torch.tensor([context], device=dev)
     span = dec._span(1, dec.spec.headroom)
     h = drafter.config.hidden_size

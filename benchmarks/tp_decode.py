@@ -77,14 +77,9 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, iters: int = 10) -> f
     return 2 * n * 2 * iters / secs / 1e9
 
 
-def greedy(device) -> BatchSampling:
-    return BatchSampling(torch.zeros(1, device=device), torch.ones(1, device=device),
-                         torch.zeros(1, dtype=torch.long, device=device), [None])
-
-
 def decode_rate(dec: BatchDecoder, prompt: list[int], tokens: int) -> tuple[float, float]:
     """(tok/s after the first token, tokens per step)."""
-    s = greedy(dec.device)
+    s = BatchSampling.all_greedy_rows(1, dec.device)
     dec.prefill(0, prompt, s)
     if dec.device.type == "cuda":
         torch.cuda.synchronize(dec.device)

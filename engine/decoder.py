@@ -126,6 +126,11 @@ class BatchDecoder:
         m = self.span_multiple
         return min(self.cache_len, -(-need // m) * m)
 
+    def _padded(self, rows: int) -> int:
+        """Rows a device-side step runs: graphs run a power of two (the extra rows are free
+        cache rows at length 0), so each is captured (and compiled) once."""
+        return min(self.max_batch, 1 << (rows - 1).bit_length()) if self.graphs.enabled else rows
+
     def _lens(self, rows: int, offset: int = 0) -> torch.Tensor:
         return torch.tensor(self.lens[offset:offset + rows], device=self.device)
 
@@ -163,6 +168,17 @@ class BatchDecoder:
             self.draft_hidden[row] = d.hidden[0, -1]
         return first
 
+    @torch.inference_mode()
+    def warm_up(self, max_rows: int) -> None:
+        """Run one device-side greedy step at every batch size up to max_rows (as padded), so
+        that torch.compile and graph capture (a minute or more per size on GPU with `compile`)
+        happen before serving, not in a request's time. Leaves every row empty."""
+        for rows in sorted({self._padded(r) for r in range(1, min(max_rows, self.max_batch) + 1)}):
+            for row in range(rows):
+                self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
+            self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
+        self.lens = [0] * self.max_batch
+
     # -- decode steps ------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
@@ -196,8 +212,7 @@ class BatchDecoder:
         kind = "chain" if self.spec else "plain"
         fn = self._fns[kind]
         span = self._span(rows, self._step_reach())
-        # Graphs run a power-of-two number of rows; the extra rows are free cache rows at length 0.
-        padded = min(self.max_batch, 1 << (rows - 1).bit_length()) if self.graphs.enabled else rows
+        padded = self._padded(rows)
         if self._in_flight:  # the device lengths are ahead of the host's: keep them
             self.lens_dev[rows:padded].zero_()
         else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,8 @@ class NativeEngineArgs:
     max_waiting: int = 256
     served_model_name: str | None = None
     cpu_threads: int = 0            # 0: one core less than the machine has (at most 8), see cpu_threads()
-    compile: bool = False           # torch.compile the decode steps (GPU: minutes of warm-up per batch size)
+    compile: bool = False           # torch.compile the decode steps (GPU: a minute or more per batch size)
+    compile_max_batch: int = 1      # with compile: batch sizes compiled before serving (larger: on first use)
 
 
 def pick_device(device: str) -> torch.device:
@@ -105,6 +107,11 @@ def build_engine(args: NativeEngineArgs) -> NativeEngine:
         target, drafter, device = load_models(args)
         max_context = args.max_context or target.config.max_position_embeddings
         decoder = BatchDecoder(target, drafter, spec, args.max_batch, max_context, compile=args.compile)
+        if args.compile:
+            t0 = time.perf_counter()
+            decoder.warm_up(args.compile_max_batch)
+            log.info("compiled decode steps for batch sizes up to %d in %.0f s", args.compile_max_batch,
+                     time.perf_counter() - t0)
         info.max_context, info.device = max_context, str(device)
         info.extra = {"dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."), "model_path": args.model,
                       "draft_path": args.draft or ""}

@@ -20,6 +20,11 @@ class BatchSampling:
     generators: list[torch.Generator | None]
     greedy: bool | None = None  # known on the host: saves a device sync per step
 
+    @classmethod
+    def all_greedy_rows(cls, rows: int, device) -> "BatchSampling":
+        return cls(torch.zeros(rows, device=device), torch.ones(rows, device=device),
+                   torch.zeros(rows, dtype=torch.long, device=device), [None] * rows, greedy=True)
+
     @property
     def all_greedy(self) -> bool:
         if self.greedy is None:

@@ -66,7 +66,8 @@ def native_engine_args(p: Profile):
               spec=SpecConfig(s.steps, s.topk, s.draft_tokens) if p.spec_enabled else None,
               device=p.native.device, dtype=p.native.dtype, max_batch=p.native.max_batch,
               max_context=p.native.max_context, max_waiting=p.native.max_waiting,
-              compile=p.native.compile, served_model_name=p.server.served_model_name)
+              compile=p.native.compile, compile_max_batch=p.native.compile_max_batch,
+              served_model_name=p.server.served_model_name)
     if p.parallel.tp > 1:
         if "tp" not in {f.name for f in dataclasses.fields(NativeEngineArgs)}:
             raise ProfileError(f"{p.source}: parallel.tp: the native engine does not implement tensor "

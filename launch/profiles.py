@@ -74,7 +74,8 @@ class NativeSection:
     max_batch: int = 16
     max_context: int = 0        # 0: the model's max_position_embeddings
     max_waiting: int = 256
-    compile: bool = False       # torch.compile the decode steps (fused kernels; warm-up per batch size)
+    compile: bool = False       # torch.compile the decode steps (fused kernels; a minute or more per batch size)
+    compile_max_batch: int = 1  # with compile: batch sizes compiled before serving (larger ones on first use)
 
 
 @dataclass

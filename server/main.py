@@ -65,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
     p.add_argument("--max-context", type=int, default=0, help="tokens per request (0: the model's maximum)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode steps (faster on GPU after a warm-up per batch size)")
+                   help="torch.compile the decode steps (faster on GPU; compiling takes a minute or more "
+                   "per batch size)")
+    p.add_argument("--compile-max-batch", type=int, default=1,
+                   help="with --compile: compile batch sizes up to this before serving (0: none; larger ones "
+                   "compile on first use)")
     p.add_argument("--max-waiting", type=int, default=256, help="queued requests before 503 overloaded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(NativeEngineArgs(
         model=args.model, draft=args.draft, spec=spec, device=args.device, dtype=args.dtype,
         max_batch=args.max_batch, max_context=args.max_context, max_waiting=args.max_waiting,
-        compile=args.compile, served_model_name=args.served_model_name))
+        compile=args.compile, compile_max_batch=args.compile_max_batch, served_model_name=args.served_model_name))
     launch_info = {k.lower(): v for k, v in os.environ.items() if k.startswith("NCCL_")}
     # uvicorn drains on SIGTERM, then re-raises it: make that a clean exit (0), not death by signal.
     signal.signal(signal.SIGTERM, _exit_cleanly)

@@ -82,7 +82,7 @@ def test_fused_projections_keep_logits_and_greedy_tokens(hf_pair):
     tokens = torch.randint(0, 300, (2, 40))
     with torch.no_grad():
         assert torch.allclose(fused(tokens).logits, hf(tokens).logits, atol=1e-4, rtol=1e-4)
-    greedy = BatchSampling(torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.long), [None])
+    greedy = BatchSampling.all_greedy_rows(1, "cpu")
     outs = []
     for model in (plain, fused):
         dec = BatchDecoder(model, None, None, max_batch=1, max_context=100)

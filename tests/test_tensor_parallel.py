@@ -32,7 +32,7 @@ def build_model() -> LlamaModel:
 
 
 def greedy() -> BatchSampling:
-    return BatchSampling(torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.long), [None])
+    return BatchSampling.all_greedy_rows(1, "cpu")
 
 
 @torch.inference_mode()
