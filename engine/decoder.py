@@ -99,10 +99,10 @@ class BatchDecoder:
             self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
-        # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear);
-        # COMPILE_OPTIONS tune those kernels. The attention span is
-        # fixed to the cache length so each batch size compiles once. Off by default:
-        # compiling takes ~1 min per step shape (GPU benchmarks and `--compile` turn it on).
+        # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear)
+        # that COMPILE_OPTIONS tune. The attention span is fixed to the cache length so each
+        # batch size compiles once. Off by default: compiling takes a minute or more per batch
+        # size on GPU (`--compile` turns it on; warm_up does it before serving).
         self.compiled = compile
         self._fns = {"plain": plain_greedy, "chain": chain_greedy}
         if self.compiled:
