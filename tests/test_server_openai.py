@@ -175,3 +175,22 @@ def test_default_max_tokens_fills_the_context(plain):
     r = client(plain).completions.create(model=plain.model, prompt=prompt_ids, temperature=0,
                                          extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 512 - 490 and r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("fmt", ["ChatFormat", "CompletionFormat"])
+def test_stream_chunks_are_the_pydantic_models_bytes(fmt):
+    """Deltas are written from a per-response template (server/responses.py): the same bytes as
+    the pydantic chunk models, escapes and non-ASCII text included."""
+    from server import protocol as p
+    from server import responses
+
+    f = getattr(responses, fmt)("id-1", 'a "model"')
+    for text in ["", "hello", ' "q" \\ \n\t\r\x00\x1b\x7f', "é 中文 🚀 \u2028"]:
+        for finish in (None, "stop", "length"):
+            if fmt == "ChatFormat":
+                model = p.ChatCompletionChunk(id=f.id, created=f.created, model=f.model, choices=[
+                    p.ChatChunkChoice(delta=p.ChatDelta(content=text or None), finish_reason=finish)])
+            else:
+                model = p.CompletionResponse(id=f.id, created=f.created, model=f.model,
+                                             choices=[p.CompletionChoice(text=text, finish_reason=finish)])
+            assert f.chunk(text, finish) == responses.sse(model.model_dump_json(exclude={"usage"}))
