@@ -27,17 +27,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.h200_decode import copy_bandwidth, cuda_time, graphed
+from benchmarks.h200_decode import copy_bandwidth, cuda_time, engine_kernels, graphed, log, our_decode
 from benchmarks.shapes import random_target, weight_bytes
 from models.layers import gemv_reduction
 
 LAYERS = 32
 GEMV_SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
                "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def gemv_variants() -> dict:
@@ -144,25 +140,16 @@ E2E_VARIANTS = {  # name: (GEMVs as reductions?, inductor options)
 
 def e2e(variants: list[str], out: dict, save, prompt_len: int = 32, new_tokens: int = 128) -> None:
     """Whole greedy decodes per variant, compiled + overlapped; the list twice, alternated."""
-    from benchmarks.engine_speed import decode_once
-    from engine import decoder
-    from models.layers import Linear, fuse_projections
+    from models.layers import fuse_projections
     target = fuse_projections(random_target("8b", "cuda"))
     out.update(streamed_bytes_per_token=weight_bytes(target), variants={v: E2E_VARIANTS[v] for v in variants})
-    prompt = list(range(10, 10 + prompt_len))
     for name in variants + variants:  # alternated: a drift of the device shows up as disagreement
-        Linear.gemv_as_reduction, decoder.COMPILE_OPTIONS = E2E_VARIANTS[name]
-        torch._dynamo.reset()
-        dec = decoder.BatchDecoder(target, None, None, max_batch=1, max_context=1024, compile=True)
         t0 = time.perf_counter()
-        rates = []
-        for _ in range(4):
-            tokens, _, secs = decode_once(dec, prompt, new_tokens + 1, overlap=True)
-            rates.append((tokens - 1) / secs)
-        out.setdefault(name + "_tok_s", []).append(statistics.median(rates[1:]))
-        log(f"e2e {name}: {[round(r, 1) for r in rates]} tok/s (compile+measure {time.perf_counter() - t0:.0f}s)")
+        with engine_kernels(*E2E_VARIANTS[name]):
+            tps = our_decode(target, prompt_len, new_tokens, compile=True, ahead=True)
+        out.setdefault(name + "_tok_s", []).append(tps)
+        log(f"e2e {name}: {tps:.1f} tok/s (compile+measure {time.perf_counter() - t0:.0f}s)")
         save()
-        del dec
 
 
 def main() -> None:

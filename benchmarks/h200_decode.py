@@ -15,6 +15,7 @@ synchronised CUDA-event timing, medians. Writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -97,6 +98,20 @@ def our_decode(target, prompt_len: int, new_tokens: int, compile: bool = False, 
     return statistics.median(rates[1:])  # the first round captures the graphs
 
 
+@contextlib.contextmanager
+def engine_kernels(gemv_as_reduction: bool, options: dict):
+    """Compile the engine with another one-token GEMV form and inductor options (both are
+    global switches), for timing variants side by side; restored afterwards."""
+    saved = Linear.gemv_as_reduction, decoder.COMPILE_OPTIONS
+    Linear.gemv_as_reduction, decoder.COMPILE_OPTIONS = gemv_as_reduction, options
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        Linear.gemv_as_reduction, decoder.COMPILE_OPTIONS = saved
+        torch._dynamo.reset()
+
+
 def verify_costs(target, max_tokens: int = 16, base_len: int = 512) -> dict[int, float]:
     """Target forward over T new tokens (graph-captured) after a 512-token context."""
     target.setup_cache(1, 1024)
@@ -160,13 +175,9 @@ def measure_ours(ours, args, res: dict, record, save) -> None:
     record("ours_graphs_only_tok_s", our_decode(ours, args.prompt_len, args.new_tokens))
     t0 = time.perf_counter()
     try:
-        # The compiled engine before GEMVs became tuned reductions: cuBLAS, default inductor.
-        tuned = decoder.COMPILE_OPTIONS
-        Linear.gemv_as_reduction, decoder.COMPILE_OPTIONS = False, {}
-        record("ours_compiled_cublas_gemv_tok_s", our_decode(ours, args.prompt_len, args.new_tokens,
-                                                             compile=True, ahead=True))
-        Linear.gemv_as_reduction, decoder.COMPILE_OPTIONS = True, tuned
-        torch._dynamo.reset()
+        with engine_kernels(gemv_as_reduction=False, options={}):  # the compiled engine before
+            record("ours_compiled_cublas_gemv_tok_s", our_decode(ours, args.prompt_len, args.new_tokens,
+                                                                 compile=True, ahead=True))
         record("ours_compiled_step_by_step_tok_s", our_decode(ours, args.prompt_len, args.new_tokens,
                                                               compile=True))
         record("ours_tok_s", our_decode(ours, args.prompt_len, args.new_tokens, compile=True, ahead=True))

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from benchmarks.engine_speed import decode_once
 from benchmarks.report import provenance, write_json
 from benchmarks.shapes import random_drafter, random_target, weight_bytes
 from engine.cuda_graphs import GraphRunner
 from engine.decoder import BatchDecoder, SpecConfig
-from engine.sampling import BatchSampling
 from engine.tensor_parallel import shard_model, warm_up
 from models.layers import fuse_projections
 
@@ -79,17 +79,8 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, iters: int = 10) -> f
 
 def decode_rate(dec: BatchDecoder, prompt: list[int], tokens: int) -> tuple[float, float]:
     """(tok/s after the first token, tokens per step)."""
-    s = BatchSampling.all_greedy_rows(1, dec.device)
-    dec.prefill(0, prompt, s)
-    if dec.device.type == "cuda":
-        torch.cuda.synchronize(dec.device)
-    t0, n, steps = time.perf_counter(), 1, 0
-    while n < tokens:
-        n += len(dec.step(1, s)[0].tokens)
-        steps += 1
-    if dec.device.type == "cuda":
-        torch.cuda.synchronize(dec.device)
-    return (n - 1) / (time.perf_counter() - t0), (n - 1) / max(steps, 1)
+    n, steps, secs = decode_once(dec, prompt, tokens, overlap=False)  # step by step
+    return (n - 1) / secs, (n - 1) / max(steps, 1)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
