@@ -1,12 +1,15 @@
-"""Where does a batch-1 decode step of the 8B shape spend its GPU time? (ours, compiled)
+"""Where does a batch-1 engine step spend its GPU time? (ours, compiled and graphs only)
 
-Profiles the engine's own decode step (BatchDecoder, fused projections, torch.compile,
-CUDA graph; and graphs only) with torch.profiler and groups kernels (GEMVs as cuBLAS or as
-Triton reductions, attention, other fused Triton, other) against the weight-read floor.
-Each weight matrix's GEMV alone, per kernel choice: benchmarks/decode_kernels.py.
-Writes JSON and a text table.
+Profiles the engine's own step (BatchDecoder, fused projections, torch.compile, CUDA graph;
+and graphs only) with torch.profiler and groups kernels (GEMVs as cuBLAS or as Triton
+reductions, attention, other fused Triton, other). Without --model: a plain decode step of
+the 8B shape against the weight-read floor. With --model/--draft: the plain step and the
+greedy chain cycles of --chain-steps for a checkpoint pair (what a speculative cycle costs
+beyond a decode step, kernel by kernel). Each 8B weight matrix's GEMV alone, per kernel
+choice: benchmarks/decode_kernels.py. Writes JSON and a text table.
 
   python -m benchmarks.decode_profile --out-dir benchmarks/results/h200_run2/profile
+  python -m benchmarks.decode_profile --model shipped/target --draft shipped/drafter --chain-steps 3,5 --out-dir DIR
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import torch
 
 from benchmarks.h200_decode import copy_bandwidth
 from benchmarks.shapes import random_target, weight_bytes
-from engine.decoder import BatchDecoder
+from engine.decoder import BatchDecoder, SpecConfig
 from engine.sampling import BatchSampling
 from models.layers import fuse_projections
 
@@ -37,16 +40,22 @@ def kind(name: str) -> str:
     return "other"
 
 
-def profile_step(target, steps: int, compile: bool) -> dict:
-    dec = BatchDecoder(target, None, None, max_batch=1, max_context=1024, compile=compile)
+def profile_step(target, steps: int, compile: bool, drafter=None, spec: SpecConfig | None = None) -> dict:
+    dec = BatchDecoder(target, drafter, spec, max_batch=1, max_context=1024, compile=compile)
     s = BatchSampling.all_greedy_rows(1, "cuda")
     dec.prefill(0, list(range(10, 42)), s)
+    ctx = dec.lens[0]
+
+    def step():
+        dec.lens[0] = ctx  # rewind: the same positions every step, whatever was accepted
+        dec.step(1, s)
+
     for _ in range(8):
-        dec.step(1, s)  # compile + capture
+        step()  # compile + capture
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            dec.step(1, s)
+            step()
         torch.cuda.synchronize()
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
@@ -62,29 +71,53 @@ def profile_step(target, steps: int, compile: bool) -> dict:
             "top": [{"kernel": k[:140], "ms_per_step": v[0], "calls_per_step": v[1] / steps} for k, v in top]}
 
 
+def profile_8b(steps: int) -> tuple[dict, list[str]]:
+    bw = copy_bandwidth()
+    target = fuse_projections(random_target("8b", "cuda"))
+    streamed = weight_bytes(target)
+    res = {"copy_bandwidth_Bps": bw, "streamed_bytes_per_token": streamed,
+           "weight_read_floor_ms": streamed / bw * 1000}
+    for mode, compile in (("compiled", True), ("graphs_only", False)):
+        res[mode] = profile_step(target, steps, compile)
+    return res, [f"copy bandwidth {bw / 1e12:.2f} TB/s; weight-read floor {res['weight_read_floor_ms']:.2f} ms/token"]
+
+
+def profile_pair(model: str, draft: str, chain_steps: list[int], steps: int) -> tuple[dict, list[str]]:
+    from engine.loading import NativeEngineArgs, load_models
+    target, drafter, _ = load_models(NativeEngineArgs(model=model, draft=draft, spec=SpecConfig(1), device="cuda"))
+    res: dict = {"model": model, "draft": draft}
+    for compile, prefix in ((True, "compiled"), (False, "graphs_only")):
+        res[f"{prefix} plain"] = profile_step(target, steps, compile)
+        for n in chain_steps:
+            res[f"{prefix} chain {n}"] = profile_step(target, steps, compile, drafter, SpecConfig(n))
+    return res, [f"{model} + {draft}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--model", help="target checkpoint: profile it (and --draft's chain cycles), not the 8B shape")
+    ap.add_argument("--draft")
+    ap.add_argument("--chain-steps", default="3,5", help="with --model: chain cycles to profile")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bw = copy_bandwidth()
-    target = fuse_projections(random_target("8b", "cuda"))
-    streamed = weight_bytes(target)
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_Bps": bw,
-           "streamed_bytes_per_token": streamed, "weight_read_floor_ms": streamed / bw * 1000}
     with torch.inference_mode():
-        res["compiled"] = profile_step(target, args.steps, compile=True)
-        res["graphs_only"] = profile_step(target, args.steps, compile=False)
-    (out / "decode_profile.json").write_text(json.dumps(res, indent=2))
-    lines = [f"copy bandwidth {bw / 1e12:.2f} TB/s; weight-read floor {res['weight_read_floor_ms']:.2f} ms/token"]
-    for mode in ("compiled", "graphs_only"):
-        p = res[mode]
-        lines.append(f"\n{mode}: kernels {p['kernel_ms_per_step']:.2f} ms/step, {p['kernels_per_step']:.0f} kernels/step")
+        if args.model:
+            res, lines = profile_pair(args.model, args.draft, [int(n) for n in args.chain_steps.split(",")], args.steps)
+        else:
+            res, lines = profile_8b(args.steps)
+    res.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    name = "pair_profile" if args.model else "decode_profile"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=2))
+    for mode, p in res.items():
+        if not isinstance(p, dict) or "by_kind_ms" not in p:
+            continue
+        lines.append(f"\n{mode}: kernels {p['kernel_ms_per_step']:.3f} ms/step, {p['kernels_per_step']:.0f} kernels/step")
         lines += [f"  {k:<40} {v:7.3f} ms" for k, v in sorted(p["by_kind_ms"].items(), key=lambda kv: -kv[1])]
         lines += [f"    {t['ms_per_step']:7.3f} ms {t['calls_per_step']:5.0f}x  {t['kernel']}" for t in p["top"][:15]]
-    (out / "decode_profile.txt").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
