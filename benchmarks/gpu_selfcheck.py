@@ -1,7 +1,8 @@
 """On a GPU: the CUDA-graph greedy steps give the same tokens as the eager general path.
 
 Random tiny models (bf16 and fp32), plain and chain-speculative decoding, batch 1 and 3
-(padded to 4 rows in the graphs), with and without torch.compile (fp32).
+(padded to 4 rows in the graphs); torch.compile (fp32) for plain decoding at batch 1 and the
+3-step chain at batch 3.
 Prints one line per case and exits non-zero on a mismatch. Not a test (CI has no GPU).
 """
 from __future__ import annotations
@@ -17,6 +18,11 @@ from engine.decoder import BatchDecoder, SpecConfig  # noqa: E402
 from engine.sampling import BatchSampling  # noqa: E402
 from models.eagle3 import Eagle3Config, Eagle3Drafter  # noqa: E402
 from models.llama import LlamaConfig, LlamaModel  # noqa: E402
+
+
+# (steps, batch) also run compiled, fp32: compiling takes a minute or more per case with the
+# engine's inductor options.
+COMPILED_CASES = {(None, 1), (3, 3)}
 
 
 def build(dtype):
@@ -53,10 +59,11 @@ def main() -> int:
             for spec in (None, SpecConfig(1), SpecConfig(3)):
                 for ps in (prompts[:1], prompts):
                     a, b = decode(t, d, spec, ps, True), decode(t, d, spec, ps, False)
-                    c = decode(t, d, spec, ps, True, compile=True) if dtype == torch.float32 else a
+                    compiled = dtype == torch.float32 and ((spec and spec.steps), len(ps)) in COMPILED_CASES
+                    c = decode(t, d, spec, ps, True, compile=True) if compiled else a
                     bad += not (a == b == c)
                     print(f"{dtype} spec={spec and spec.steps} batch={len(ps)} graphs==eager: {a == b} "
-                          f"compiled==eager: {c == b}", flush=True)
+                          f"compiled==eager: {c == b if compiled else '-'}", flush=True)
     return 1 if bad else 0
 
 

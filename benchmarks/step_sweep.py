@@ -49,8 +49,8 @@ class Setting:
         return {"steps": self.steps, "topk": self.topk if self.steps else 0, "draft_tokens": dt}
 
 
-def settings(max_steps: int, trees: str) -> list[Setting]:
-    out = [Setting(0)] + [Setting(s) for s in range(1, max_steps + 1)]
+def settings(chain_steps: list[int], trees: str) -> list[Setting]:
+    out = [Setting(0)] + [Setting(s) for s in chain_steps]
     for t in filter(None, trees.split(",")):
         s, k, n = (int(x) for x in t.split(":"))
         out.append(Setting(s, k, n))
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--name", help="result name when not for a profile (default: the model directory name)")
     ap.add_argument("--model", default="shipped/target")
     ap.add_argument("--draft", default="shipped/drafter")
-    ap.add_argument("--max-steps", type=int, default=10)
+    ap.add_argument("--max-steps", type=int, default=10, help="chains of 1..N steps")
+    ap.add_argument("--steps", help="chain step counts instead, e.g. 3,5 (compiled settings take minutes each)")
     ap.add_argument("--trees", default=DEFAULT_TREES, help="steps:topk:draft_tokens,... ('' for none)")
     from benchmarks import engine_speed  # torch only when measuring
     engine_speed.add_measure_args(ap)
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.prompts = str(HELDOUT)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
 
-    grid = settings(args.max_steps, args.trees)
+    chains = [int(n) for n in args.steps.split(",")] if args.steps else list(range(1, args.max_steps + 1))
+    grid = settings(chains, args.trees)
     rows, env = (sweep_http if args.http else sweep_in_process)(args, grid)
     rows = with_speedup(rows)
     result = {"name": args.name, "profile": args.profile, "model": args.model, "draft": args.draft,

@@ -7,6 +7,7 @@ Two implementations: the native engine (engine/scheduler.py) and SGLang
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import asyncio
 from typing import AsyncIterator, Protocol
 
 
@@ -100,6 +101,22 @@ class EngineInfo:
     tp: int = 1
     device: str = "cpu"
     extra: dict = field(default_factory=dict)
+
+
+async def stream_outputs(queue: asyncio.Queue) -> AsyncIterator[GenerationOutput]:
+    """A request's deltas from the queue its engine fills, until the finished one. An exception
+    in the queue is raised (a refused request). A consumer that fell behind the engine (a slow
+    client, a busy event loop) takes everything queued as one delta: fewer, larger chunks
+    instead of a growing backlog."""
+    while True:
+        out = await queue.get()
+        if isinstance(out, Exception):
+            raise out
+        while not out.finished and not queue.empty():
+            out = out.then(queue.get_nowait())
+        yield out
+        if out.finished:
+            return
 
 
 class Engine(Protocol):

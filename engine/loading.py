@@ -11,6 +11,7 @@ import torch
 
 from engine.api import EngineInfo
 from engine.decoder import BatchDecoder, SpecConfig
+from engine.process import EngineProcess
 from engine.scheduler import NativeEngine
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
@@ -96,12 +97,18 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     return target, drafter, device
 
 
-def build_engine(args: NativeEngineArgs) -> NativeEngine:
-    name = args.served_model_name or Path(args.model).name
+def engine_info(args: NativeEngineArgs) -> EngineInfo:
+    """What the engine will be, before loading (loading fills in context, device, dtype)."""
     spec = args.spec if args.draft else None
-    info = EngineInfo(engine="native", model=name, max_context=args.max_context, speculative=spec is not None,
-                      steps=spec.steps if spec else 0, topk=spec.topk if spec else 0,
-                      draft_tokens=spec.num_draft_tokens if spec else 0)
+    return EngineInfo(engine="native", model=args.served_model_name or Path(args.model).name,
+                      max_context=args.max_context, speculative=spec is not None, steps=spec.steps if spec else 0,
+                      topk=spec.topk if spec else 0, draft_tokens=spec.num_draft_tokens if spec else 0)
+
+
+def build_engine(args: NativeEngineArgs) -> NativeEngine:
+    """The native engine in this process (a thread): for tools, benchmarks and tests."""
+    spec = args.spec if args.draft else None
+    info = engine_info(args)
 
     def load():
         target, drafter, device = load_models(args)
@@ -119,3 +126,9 @@ def build_engine(args: NativeEngineArgs) -> NativeEngine:
         return decoder, load_tokenizer(args.model), info
 
     return NativeEngine(load, info, max_waiting=args.max_waiting)
+
+
+def build_engine_process(args: NativeEngineArgs, log_format: str | None = None,
+                         log_level: str = "info") -> EngineProcess:
+    """The native engine in a child process, as the server runs it (engine/process.py)."""
+    return EngineProcess(args, engine_info(args), log_format=log_format, log_level=log_level)

@@ -22,7 +22,7 @@ from typing import AsyncIterator, Callable
 import torch
 
 from engine.api import (EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams,
-                        SpecStats)
+                        SpecStats, stream_outputs)
 from engine.decoder import BatchDecoder, InFlight
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling import BatchSampling
@@ -70,6 +70,9 @@ class NativeEngine:
         self._ready = False
         self.dead: str | None = None
         self.eos_ids: set[int] = set()
+        # Called by the engine thread after admitting requests and after each step, once their
+        # deltas are emitted (engine/process.py sends them to the server as one message).
+        self.flush: Callable[[], None] = lambda: None
 
     # -- interface ---------------------------------------------------------------------------
     @property
@@ -81,7 +84,11 @@ class NativeEngine:
         return len(self._active), self._n_waiting
 
     async def start(self) -> None:
-        self.decoder, self.tokenizer, self.info = await asyncio.to_thread(self._load_fn)
+        await asyncio.to_thread(self.start_blocking)
+
+    def start_blocking(self) -> None:
+        """Load (weights, tokenizer, compiles) and start the engine thread."""
+        self.decoder, self.tokenizer, self.info = self._load_fn()
         self.eos_ids = set(self.decoder.target.config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
@@ -93,60 +100,75 @@ class NativeEngine:
         """Stop the engine thread (it ends the step in progress, then fails whatever is left).
         Waits by polling, not with asyncio.to_thread: at interpreter exit (atexit hooks) the
         default executor refuses new work ("cannot schedule new futures after shutdown")."""
+        thread = self._signal_stop()
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._warn_if_running(thread)
+
+    def stop_blocking(self) -> None:
+        thread = self._signal_stop()
+        if thread is not None:
+            thread.join(SHUTDOWN_TIMEOUT_S)
+        self._warn_if_running(thread)
+
+    def _signal_stop(self) -> threading.Thread | None:
+        """Tell the engine thread to stop; the thread to wait for (None: none, or it is us)."""
         self._ready = False
         self._stop.set()
         self._inbox.put(None)
         thread = self._thread
-        if thread is None or thread is threading.current_thread():
-            return
-        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
-        while thread.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        if thread.is_alive():
+        return None if thread is threading.current_thread() else thread
+
+    @staticmethod
+    def _warn_if_running(thread: threading.Thread | None) -> None:
+        if thread is not None and thread.is_alive():
             log.warning("engine thread still running %.0f s after shutdown", SHUTDOWN_TIMEOUT_S)
 
     async def generate(self, request_id: str, prompt_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[GenerationOutput]:
+        loop = asyncio.get_running_loop()
+        out_q: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        self.submit(request_id, prompt_ids, params, emit=lambda o: loop.call_soon_threadsafe(out_q.put_nowait, o))
+        finished = False
+        try:
+            async for out in stream_outputs(out_q):
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # client went away or was cancelled: free the slot
+                self.abort(request_id)
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+               emit: Callable[[GenerationOutput], None]) -> None:
+        """Queue a request; the engine thread calls `emit` with each of its deltas, the last one
+        finished. Raises EngineOverloaded when the waiting queue is full, EngineError when the
+        engine cannot serve."""
         if not self.ready:
             raise EngineError(self.dead or "engine is not ready")
         with self._lock:
             if self._n_waiting >= self.max_waiting:
                 raise EngineOverloaded(f"server is overloaded: {self._n_waiting} requests waiting")
             self._n_waiting += 1
-        loop = asyncio.get_running_loop()
-        out_q: asyncio.Queue[GenerationOutput] = asyncio.Queue()
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.decoder.device)
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-        req = _Request(
-            id=request_id, prompt=list(prompt_ids), params=params,
-            emit=lambda o: loop.call_soon_threadsafe(out_q.put_nowait, o),
+        self._inbox.put(_Request(
+            id=request_id, prompt=list(prompt_ids), params=params, emit=emit,
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop), generator=gen,
             deadline=time.monotonic() + params.timeout_s if params.timeout_s else None,
             spec=SpecStats() if self.decoder.spec else None,
-        )
-        self._inbox.put(req)
+        ))
         if self.dead is not None or self._stop.is_set():
             # The thread died (or stopped) while we queued: its last inbox drain may have run
             # before our put, and nobody would ever answer. `dead` is set before that drain.
             raise EngineError(self.dead or "engine is shutting down")
-        finished = False
-        try:
-            while True:
-                out = await out_q.get()
-                # A consumer that fell behind the engine (a slow client, a busy event loop) takes
-                # everything queued as one delta: fewer, larger chunks instead of a growing backlog.
-                while not out.finished and not out_q.empty():
-                    out = out.then(out_q.get_nowait())
-                finished = out.finished
-                yield out
-                if finished:
-                    return
-        finally:
-            if not finished:  # client went away or was cancelled: free the slot
-                self._aborted.add(request_id)
-                self._inbox.put(None)
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (waiting or running) before the engine's next step; no more deltas."""
+        self._aborted.add(request_id)
+        self._inbox.put(None)
 
     # -- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -157,8 +179,10 @@ class NativeEngine:
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
                 self._admit()
+                self.flush()  # first tokens go out now, not after the step below
                 if self._active:
                     self._step()
+                self.flush()
         except Exception as e:  # the engine is dead: fail everything fast, never hang
             log.exception("engine thread died")
             self.dead = f"engine failed: {type(e).__name__}: {e}"
@@ -170,6 +194,7 @@ class NativeEngine:
         self._active.clear()
         self._waiting.clear()
         self._drain_inbox(block=False, fail=True)
+        self.flush()
 
     def _drain_inbox(self, block: bool, fail: bool = False) -> None:
         try:

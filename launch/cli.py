@@ -203,8 +203,9 @@ def run(launch: Launch, plan: Plan) -> int:
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv])
     if plan.kind == "native":
-        from engine.loading import build_engine
-        engine = build_engine(plan.native_args)
+        from engine.loading import build_engine_process
+        from server.main import LOG_FORMAT
+        engine = build_engine_process(plan.native_args, log_format=LOG_FORMAT, log_level=p.server.log_level)
     else:
         from server.engines.sglang_engine import SGLangEngine
         engine = SGLangEngine(plan.sglang_kwargs, served_model_name=p.server.served_model_name)

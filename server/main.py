@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from engine.decoder import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine
+    from engine.loading import NativeEngineArgs, build_engine_process
 
     for flag, path in (("--model", args.model), ("--draft", args.draft)):
         if path and not os.path.isfile(os.path.join(path, "config.json")):
@@ -103,17 +103,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
     elif args.steps is not None:
         parser.error("--steps needs --draft (the EAGLE-3 drafter)")
-    engine = build_engine(NativeEngineArgs(
+    engine = build_engine_process(NativeEngineArgs(
         model=args.model, draft=args.draft, spec=spec, device=args.device, dtype=args.dtype,
         max_batch=args.max_batch, max_context=args.max_context, max_waiting=args.max_waiting,
-        compile=args.compile, compile_max_batch=args.compile_max_batch, served_model_name=args.served_model_name))
+        compile=args.compile, compile_max_batch=args.compile_max_batch, served_model_name=args.served_model_name),
+        log_format=LOG_FORMAT, log_level=args.log_level)
     launch_info = {k.lower(): v for k, v in os.environ.items() if k.startswith("NCCL_")}
     # uvicorn drains on SIGTERM, then re-raises it: make that a clean exit (0), not death by signal.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    serve(engine, host=args.host, port=args.port, api_key=args.api_key or None,
-          served_model_name=args.served_model_name, launch_info=launch_info, log_level=args.log_level,
-          request_timeout_s=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
-          shutdown_timeout_s=args.shutdown_timeout or None)
+    try:
+        serve(engine, host=args.host, port=args.port, api_key=args.api_key or None,
+              served_model_name=args.served_model_name, launch_info=launch_info, log_level=args.log_level,
+              request_timeout_s=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
+              shutdown_timeout_s=args.shutdown_timeout or None)
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has drained and re-raised it; no traceback
+        return 130
     return 0
 
 

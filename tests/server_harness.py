@@ -4,8 +4,9 @@ Built once per test process (module-level cache, so every server test file share
 a tiny random Llama target, its greedy continuations of the test prompts (from the native
 engine itself), an EAGLE-3 drafter fitted on those continuations (so acceptance is real,
 not random), and uvicorn servers running `create_app` in threads on free ports:
-  plain_server()  the target alone (no speculation)
-  spec_server()   target + fitted drafter, 3 steps
+  plain_server()  the target alone (no speculation), engine in a thread (native_engine)
+  spec_server()   target + fitted drafter, 3 steps, engine in its own process (process_engine),
+                  as `python -m server` runs it
 Torch is limited to one thread: on a shared 2-core machine, tiny matmuls on two threads
 run ~15x slower than on one.
 """
@@ -118,6 +119,15 @@ def native_engine(models: TinyModels, speculative: bool, **kw):
                                          spec=SpecConfig(STEPS) if speculative else None, device="cpu", **kw))
 
 
+def process_engine(models: TinyModels, speculative: bool, **kw):
+    """The same engine as native_engine, in a child process (engine/process.py)."""
+    from engine.decoder import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine_process
+    return build_engine_process(NativeEngineArgs(
+        model=str(models.target), draft=str(models.draft) if speculative else None,
+        spec=SpecConfig(STEPS) if speculative else None, device="cpu", cpu_threads=1, **kw), log_level="warning")
+
+
 _SERVERS: list[LiveServer] = []
 _PLAIN: list[LiveServer] = []
 
@@ -165,7 +175,7 @@ def plain_server() -> LiveServer:
 
 @functools.cache
 def spec_server() -> LiveServer:
-    return start_server(native_engine(models(), speculative=True))
+    return start_server(process_engine(models(), speculative=True))
 
 
 def stop_all() -> None:

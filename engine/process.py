@@ -1,0 +1,216 @@
+"""The native engine in its own process, the layout SGLang and vLLM serve with.
+
+In one process the engine thread and the HTTP event loop share a GIL: each streamed token's
+event-loop work (a few hundred microseconds of Python on CPU) stalls the next decode step,
+and a crash in the engine takes the server down. Here `NativeEngine` (unchanged) runs in a
+spawned child; the server process keeps HTTP, templates and the tokenizer, and the two
+exchange small pickled messages over a pipe:
+
+  server -> engine   ("add", request_id, prompt_ids, params) | ("abort", request_id) | ("stop",)
+  engine -> server   ("ready", info) | ("failed", reason)                           at start
+                     ("out", [(request_id, GenerationOutput), ...], (running, waiting), dead)
+                                       one message per engine loop turn; dead: None or why
+                     ("refused", request_id, overloaded, reason)
+
+If the child dies, every open request ends with an error and /health reports the engine dead.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from engine.api import EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams, stream_outputs
+
+log = logging.getLogger("specserve.engine")
+
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class EngineProcess:
+    """Implements engine.api.Engine with the native engine in a child process."""
+
+    def __init__(self, args, info: EngineInfo, log_format: str | None = None, log_level: str = "info"):
+        self.args = args  # engine.loading.NativeEngineArgs
+        self.info = info
+        self.tokenizer = None
+        self.dead: str | None = None
+        self._log = (log_format, log_level)
+        self._proc: multiprocessing.Process | None = None
+        self._conn: Connection | None = None
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._load = (0, 0)
+        self._ready = False
+        self._stopping = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.dead is None
+
+    @property
+    def load(self) -> tuple[int, int]:
+        return self._load
+
+    async def start(self) -> None:
+        from engine.loading import load_tokenizer
+
+        ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads and CUDA state
+        self._conn, child_end = ctx.Pipe()
+        self._proc = ctx.Process(target=child_main, args=(self.args, child_end, self._log),
+                                 name="specserve-engine", daemon=True)
+        self._proc.start()
+        child_end.close()
+        self.tokenizer = await asyncio.to_thread(load_tokenizer, self.args.model)
+        kind, payload = await asyncio.to_thread(self._first_message)
+        if kind != "ready":
+            self._proc.join(5)
+            raise EngineError(payload)
+        self.info = payload
+        asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_readable)
+        self._ready = True
+
+    def _first_message(self) -> tuple[str, object]:
+        """Wait for the child's "ready" or "failed" (loading can take minutes: weights, compiles)."""
+        while not self._conn.poll(0.5):
+            if not self._proc.is_alive():
+                return "failed", f"engine process exited with code {self._proc.exitcode} while loading"
+            if self._stopping:
+                return "failed", "server stopped while the engine was loading"
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            return "failed", f"engine process exited with code {self._proc.exitcode} while loading"
+
+    def _on_readable(self) -> None:
+        """Event-loop reader: hand every message the child has sent to its request's queue."""
+        try:
+            while self._conn.poll():
+                msg = self._conn.recv()
+                if msg[0] == "out":
+                    for request_id, out in msg[1]:
+                        if (q := self._streams.get(request_id)) is not None:
+                            q.put_nowait(out)
+                    self._load = msg[2]
+                    self.dead = self.dead or msg[3]
+                elif msg[0] == "refused":
+                    _, request_id, overloaded, reason = msg
+                    if (q := self._streams.get(request_id)) is not None:
+                        q.put_nowait((EngineOverloaded if overloaded else EngineError)(reason))
+        except (EOFError, OSError):
+            self._child_gone()
+
+    def _child_gone(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._conn.fileno())
+        self._proc.join(1)
+        if self._stopping:
+            self.dead = "engine has shut down"
+        else:
+            self.dead = f"engine process died (exit code {self._proc.exitcode})"
+            log.error("%s; failing %d open requests", self.dead, len(self._streams))
+        for q in self._streams.values():
+            q.put_nowait(GenerationOutput(finish_reason="abort", error=self.dead))
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            self._conn.send(msg)
+        except (OSError, ValueError) as e:  # the child is gone; the reader reports it
+            raise EngineError(self.dead or f"engine process is not reachable: {e}") from None
+
+    async def shutdown(self) -> None:
+        """Ask the child to stop (it fails what is left, sends that, exits); kill it if it hangs."""
+        self._stopping = True
+        self._ready = False
+        if self._proc is None or not self._proc.is_alive():
+            return
+        try:
+            self._conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        while self._proc.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._proc.is_alive():
+            log.warning("engine process still running %.0f s after shutdown: killing it", SHUTDOWN_TIMEOUT_S)
+            self._proc.kill()
+            self._proc.join(5)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams):
+        if not self.ready:
+            raise EngineError(self.dead or "engine is not ready")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        try:
+            self._send(("add", request_id, list(prompt_ids), params))
+            async for out in stream_outputs(queue):
+                finished = out.finished
+                yield out
+        finally:
+            del self._streams[request_id]
+            if not finished and self.ready:  # client went away or was cancelled: free the slot
+                self._send(("abort", request_id))
+
+
+def child_main(args, conn: Connection, log_config: tuple[str | None, str]) -> None:
+    """The engine process: build and start the native engine, then serve the pipe until the
+    server says stop or goes away. Ctrl-C reaches the whole process group; the server decides."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log_format, log_level = log_config
+    logging.basicConfig(format=log_format or logging.BASIC_FORMAT)
+    logging.getLogger("specserve").setLevel(log_level.upper())
+    from engine.loading import build_engine
+
+    send_lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    outbox: collections.deque[tuple[str, GenerationOutput]] = collections.deque()
+
+    sent_load = [(0, 0)]
+
+    def flush() -> None:  # the engine thread, after each loop turn: one message for all deltas
+        batch = []
+        while outbox:
+            batch.append(outbox.popleft())
+        load = engine.load
+        if batch or engine.dead or load != sent_load[0]:
+            send(("out", batch, load, engine.dead))
+            sent_load[0] = load
+
+    engine = build_engine(args)
+    engine.flush = flush
+    try:
+        engine.start_blocking()
+    except Exception as e:
+        log.exception("engine failed to start")
+        send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    send(("ready", engine.info))
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "add":
+                _, request_id, prompt_ids, params = msg
+                try:
+                    engine.submit(request_id, prompt_ids, params,
+                                  emit=lambda out, rid=request_id: outbox.append((rid, out)))
+                except EngineError as e:
+                    send(("refused", request_id, isinstance(e, EngineOverloaded), str(e)))
+            elif msg[0] == "abort":
+                engine.abort(msg[1])
+            else:
+                break
+    except (EOFError, OSError):  # the server is gone
+        pass
+    engine.stop_blocking()
+    try:
+        flush()
+    except (OSError, ValueError):
+        pass
