@@ -82,11 +82,13 @@ def profile_8b(steps: int) -> tuple[dict, list[str]]:
     return res, [f"copy bandwidth {bw / 1e12:.2f} TB/s; weight-read floor {res['weight_read_floor_ms']:.2f} ms/token"]
 
 
-def profile_pair(model: str, draft: str, chain_steps: list[int], steps: int) -> tuple[dict, list[str]]:
+def profile_pair(model: str, draft: str, chain_steps: list[int], steps: int,
+                 modes: list[str]) -> tuple[dict, list[str]]:
     from engine.loading import NativeEngineArgs, load_models
     target, drafter, _ = load_models(NativeEngineArgs(model=model, draft=draft, spec=SpecConfig(1), device="cuda"))
     res: dict = {"model": model, "draft": draft}
-    for compile, prefix in ((True, "compiled"), (False, "graphs_only")):
+    for prefix in modes:
+        compile = prefix == "compiled"
         res[f"{prefix} plain"] = profile_step(target, steps, compile)
         for n in chain_steps:
             res[f"{prefix} chain {n}"] = profile_step(target, steps, compile, drafter, SpecConfig(n))
@@ -100,12 +102,15 @@ def main() -> None:
     ap.add_argument("--model", help="target checkpoint: profile it (and --draft's chain cycles), not the 8B shape")
     ap.add_argument("--draft")
     ap.add_argument("--chain-steps", default="3,5", help="with --model: chain cycles to profile")
+    ap.add_argument("--modes", default="compiled,graphs_only",
+                    help="with --model: compiled and/or graphs_only (a compile of a small pair takes minutes)")
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         if args.model:
-            res, lines = profile_pair(args.model, args.draft, [int(n) for n in args.chain_steps.split(",")], args.steps)
+            res, lines = profile_pair(args.model, args.draft, [int(n) for n in args.chain_steps.split(",")], args.steps,
+                                      args.modes.split(","))
         else:
             res, lines = profile_8b(args.steps)
     res.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
