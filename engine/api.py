@@ -1,13 +1,14 @@
 """The engine interface the HTTP layer, metrics and benchmarks talk to.
 
-Two implementations: the native engine (engine/scheduler.py) and SGLang
-(server/engines/sglang_engine.py). An engine turns token ids into an async stream of
-`GenerationOutput` deltas; the last one carries the finish reason and the statistics.
+Implementations: the native engine in a thread (engine/scheduler.py) or in its own process
+(engine/process.py, as the server runs it), and SGLang (server/engines/sglang_engine.py).
+An engine turns token ids into an async stream of `GenerationOutput` deltas; the last one
+carries the finish reason and the statistics.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import asyncio
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
 

@@ -2,9 +2,9 @@
 
 In one process the engine thread and the HTTP event loop share a GIL: each streamed token's
 event-loop work (a few hundred microseconds of Python on CPU) stalls the next decode step,
-and a crash in the engine takes the server down. Here `NativeEngine` (unchanged) runs in a
-spawned child; the server process keeps HTTP, templates and the tokenizer, and the two
-exchange small pickled messages over a pipe:
+and a crash in the engine takes the server down. Here `NativeEngine` runs in a spawned
+child; the server process keeps HTTP, templates and the tokenizer, and the two exchange small
+pickled messages over a pipe:
 
   server -> engine   ("add", request_id, prompt_ids, params) | ("abort", request_id) | ("stop",)
   engine -> server   ("ready", info) | ("failed", reason)                           at start
@@ -158,59 +158,71 @@ class EngineProcess:
 
 def child_main(args, conn: Connection, log_config: tuple[str | None, str]) -> None:
     """The engine process: build and start the native engine, then serve the pipe until the
-    server says stop or goes away. Ctrl-C reaches the whole process group; the server decides."""
+    server says stop or goes away. Ctrl-C (and a supervisor's SIGTERM to the whole group)
+    reaches this process too: the server decides when it stops, after draining."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     log_format, log_level = log_config
     logging.basicConfig(format=log_format or logging.BASIC_FORMAT)
     logging.getLogger("specserve").setLevel(log_level.upper())
     from engine.loading import build_engine
 
-    send_lock = threading.Lock()
-
-    def send(msg: tuple) -> None:
-        with send_lock:
-            conn.send(msg)
-
-    outbox: collections.deque[tuple[str, GenerationOutput]] = collections.deque()
-
-    sent_load = [(0, 0)]
-
-    def flush() -> None:  # the engine thread, after each loop turn: one message for all deltas
-        batch = []
-        while outbox:
-            batch.append(outbox.popleft())
-        load = engine.load
-        if batch or engine.dead or load != sent_load[0]:
-            send(("out", batch, load, engine.dead))
-            sent_load[0] = load
-
-    engine = build_engine(args)
-    engine.flush = flush
+    side = _EngineSide(build_engine(args), conn)
     try:
-        engine.start_blocking()
+        side.engine.start_blocking()
     except Exception as e:
         log.exception("engine failed to start")
-        send(("failed", f"{type(e).__name__}: {e}"))
+        side.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    send(("ready", engine.info))
-    try:
-        while True:
-            msg = conn.recv()
-            if msg[0] == "add":
-                _, request_id, prompt_ids, params = msg
-                try:
-                    engine.submit(request_id, prompt_ids, params,
-                                  emit=lambda out, rid=request_id: outbox.append((rid, out)))
-                except EngineError as e:
-                    send(("refused", request_id, isinstance(e, EngineOverloaded), str(e)))
-            elif msg[0] == "abort":
-                engine.abort(msg[1])
-            else:
-                break
-    except (EOFError, OSError):  # the server is gone
-        pass
-    engine.stop_blocking()
-    try:
-        flush()
-    except (OSError, ValueError):
-        pass
+    side.send(("ready", side.engine.info))
+    side.serve()
+
+
+class _EngineSide:
+    """The engine process's end of the pipe: requests in, one message of deltas out per turn
+    of the engine loop (the engine thread calls `flush`)."""
+
+    def __init__(self, engine, conn: Connection):
+        self.engine, self.conn = engine, conn
+        self.outbox: collections.deque[tuple[str, GenerationOutput]] = collections.deque()
+        self.sent_load = (0, 0)
+        self.lock = threading.Lock()  # the engine thread and the pipe reader both send
+        engine.flush = self.flush
+
+    def send(self, msg: tuple) -> None:
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):  # the server is gone: `serve` sees it and stops
+                pass
+
+    def flush(self) -> None:
+        batch = []
+        while self.outbox:
+            batch.append(self.outbox.popleft())
+        load, dead = self.engine.load, self.engine.dead
+        if batch or dead or load != self.sent_load:
+            self.send(("out", batch, load, dead))
+            self.sent_load = load
+
+    def serve(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                if msg[0] == "add":
+                    self._add(*msg[1:])
+                elif msg[0] == "abort":
+                    self.engine.abort(msg[1])
+                else:
+                    break
+        except (EOFError, OSError):  # the server is gone
+            pass
+        self.engine.stop_blocking()
+        self.flush()
+
+    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.submit(request_id, prompt_ids, params,
+                               emit=lambda out: self.outbox.append((request_id, out)))
+        except EngineError as e:
+            self.send(("refused", request_id, isinstance(e, EngineOverloaded), str(e)))

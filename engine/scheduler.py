@@ -1,4 +1,5 @@
-"""NativeEngine: the engine interface over BatchDecoder, driven by one background thread.
+"""NativeEngine: the engine interface over BatchDecoder, driven by one background thread
+(the server runs it in a process of its own: engine/process.py).
 
 The thread admits waiting requests (prefill, one at a time), then runs one batched decode
 or speculative step for every active request, turns new tokens into text deltas, applies

@@ -71,7 +71,7 @@ class Generation:
     async def _next(self) -> GenerationOutput:
         try:
             # A bare cancel scope at the deadline, not anyio.fail_after(remaining): this runs once per
-            # streamed delta, and on CPU the engine thread waits (GIL) for every microsecond of it.
+            # streamed delta (and an engine in a thread of this process waits for it: one GIL).
             with anyio.CancelScope(deadline=self._loop_deadline) as scope:
                 out = await self._stream.__anext__()
         except StopAsyncIteration:

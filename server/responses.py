@@ -38,7 +38,7 @@ _compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).enco
 def delta_chunk(template: dict, **choice) -> bytes:
     """One streamed delta: `template`, a one-choice chunk that pydantic dumped once per response,
     with `choice`'s fields replaced. Building and serializing pydantic models for every token
-    cost ~50 us of event-loop time, which a CPU engine thread waits for (they share the GIL)."""
+    cost ~50 us of event-loop time (and an engine in a thread of this process waits for it)."""
     return sse(_compact_json({**template, "choices": [{**template["choices"][0], **choice}]}))
 
 

@@ -8,11 +8,13 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 W=/tmp/st; mkdir -p $W
 TRAIN_S=${TRAIN_S:-180}; N_PROMPTS=${N_PROMPTS:-8000}; MAX_TOKENS=${MAX_TOKENS:-128}
+# Another target shape, e.g. TARGET_ARGS="--layers 32 --hidden 128 --heads 2 --kv-heads 1 --intermediate 384"
+TARGET_ARGS=${TARGET_ARGS:-}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 log "target training ${TRAIN_S}s"
 python3 shipped/train_target.py --corpus runs/shipped/corpus.jsonl.gz --out $W/target --work-dir $W/work \
   --time-budget-s "$TRAIN_S" --batch-size 64 --seq-len 1024 --lr 2e-3 --compile \
-  --num-samples 4 --sample-tokens 200 2>&1 | grep -v Warning > $W/train.log
+  --num-samples 4 --sample-tokens 200 $TARGET_ARGS 2>&1 | grep -v Warning > $W/train.log
 tail -20 $W/train.log
 tar -C $W -cf "$OUT/target.tar" target train.log
 log "data: $N_PROMPTS prompts, max $MAX_TOKENS tokens"

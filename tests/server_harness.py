@@ -112,20 +112,23 @@ def start_server(engine, wait: bool = True, **app_kwargs) -> LiveServer:
     return live.wait_healthy() if wait else live
 
 
-def native_engine(models: TinyModels, speculative: bool, **kw):
+def engine_args(models: TinyModels, speculative: bool, **kw):
     from engine.decoder import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine
-    return build_engine(NativeEngineArgs(model=str(models.target), draft=str(models.draft) if speculative else None,
-                                         spec=SpecConfig(STEPS) if speculative else None, device="cpu", **kw))
+    from engine.loading import NativeEngineArgs
+    return NativeEngineArgs(model=str(models.target), draft=str(models.draft) if speculative else None,
+                            spec=SpecConfig(STEPS) if speculative else None, device="cpu", **kw)
+
+
+def native_engine(models: TinyModels, speculative: bool, **kw):
+    """The native engine in a thread of this process (tests can wrap its decoder)."""
+    from engine.loading import build_engine
+    return build_engine(engine_args(models, speculative, **kw))
 
 
 def process_engine(models: TinyModels, speculative: bool, **kw):
-    """The same engine as native_engine, in a child process (engine/process.py)."""
-    from engine.decoder import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine_process
-    return build_engine_process(NativeEngineArgs(
-        model=str(models.target), draft=str(models.draft) if speculative else None,
-        spec=SpecConfig(STEPS) if speculative else None, device="cpu", cpu_threads=1, **kw), log_level="warning")
+    """The same engine in a child process (engine/process.py), one torch thread there too."""
+    from engine.loading import build_engine_process
+    return build_engine_process(engine_args(models, speculative, cpu_threads=1, **kw), log_level="warning")
 
 
 _SERVERS: list[LiveServer] = []
