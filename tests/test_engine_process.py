@@ -29,6 +29,14 @@ def child_pid(srv: h.LiveServer) -> int:
     return srv.engine._proc.pid
 
 
+async def long_stream(client: httpx.AsyncClient, url: str) -> asyncio.Future:
+    """A long streamed request, once its first event has arrived."""
+    first = asyncio.Event()
+    stream = asyncio.ensure_future(sse(client, url, body(max_tokens=300, ignore_eos=True), first=first))
+    await first.wait()
+    return stream
+
+
 @pytest.fixture(scope="module")
 def srv():
     s = start(max_batch=4)
@@ -65,9 +73,7 @@ def test_full_queue_is_refused_with_503_overloaded():
     try:
         async def run():
             async with httpx.AsyncClient(timeout=60) as c:
-                first = asyncio.Event()
-                running = asyncio.ensure_future(sse(c, s.url, body(max_tokens=300, ignore_eos=True), first=first))
-                await first.wait()
+                running = await long_stream(c, s.url)
                 queued = asyncio.ensure_future(sse(c, s.url, body(max_tokens=2)))
                 await asyncio.to_thread(wait_for, lambda: s.engine.load == (1, 1), 10, "one queued")
                 refused = await c.post(s.url + COMP, json=body())
@@ -86,9 +92,7 @@ def test_killed_engine_process_fails_open_requests_fast_and_health_turns_dead():
     try:
         async def run():
             async with httpx.AsyncClient(timeout=30) as c:
-                first = asyncio.Event()
-                stream = asyncio.ensure_future(sse(c, s.url, body(max_tokens=400, ignore_eos=True), first=first))
-                await first.wait()
+                stream = await long_stream(c, s.url)
                 t0 = time.monotonic()
                 os.kill(child_pid(s), signal.SIGKILL)
                 return await stream, time.monotonic() - t0
