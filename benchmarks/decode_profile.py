@@ -3,13 +3,13 @@
 Profiles the engine's own step (BatchDecoder, fused projections, torch.compile, CUDA graph;
 and graphs only) with torch.profiler and groups kernels (GEMVs as cuBLAS or as Triton
 reductions, attention, other fused Triton, other). Without --model: a plain decode step of
-the 8B shape against the weight-read floor. With --model/--draft: the plain step and the
+the 8B shape against the weight-read floor. With --model/--draft: the plain step (0) and the
 greedy chain cycles of --chain-steps for a checkpoint pair (what a speculative cycle costs
 beyond a decode step, kernel by kernel). Each 8B weight matrix's GEMV alone, per kernel
 choice: benchmarks/decode_kernels.py. Writes JSON and a text table.
 
   python -m benchmarks.decode_profile --out-dir benchmarks/results/h200_run2/profile
-  python -m benchmarks.decode_profile --model shipped/target --draft shipped/drafter --chain-steps 3,5 --out-dir DIR
+  python -m benchmarks.decode_profile --model shipped/target --draft shipped/drafter --chain-steps 0,3,5 --out-dir DIR
 """
 from __future__ import annotations
 
@@ -89,9 +89,9 @@ def profile_pair(model: str, draft: str, chain_steps: list[int], steps: int,
     res: dict = {"model": model, "draft": draft}
     for prefix in modes:
         compile = prefix == "compiled"
-        res[f"{prefix} plain"] = profile_step(target, steps, compile)
         for n in chain_steps:
-            res[f"{prefix} chain {n}"] = profile_step(target, steps, compile, drafter, SpecConfig(n))
+            res[f"{prefix} {f'chain {n}' if n else 'plain'}"] = profile_step(
+                target, steps, compile, drafter if n else None, SpecConfig(n) if n else None)
     return res, [f"{model} + {draft}"]
 
 
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model", help="target checkpoint: profile it (and --draft's chain cycles), not the 8B shape")
     ap.add_argument("--draft")
-    ap.add_argument("--chain-steps", default="3,5", help="with --model: chain cycles to profile")
+    ap.add_argument("--chain-steps", default="0,3,5", help="with --model: chain cycles to profile (0: plain decode)")
     ap.add_argument("--modes", default="compiled,graphs_only",
                     help="with --model: compiled and/or graphs_only (a compile of a small pair takes minutes)")
     args = ap.parse_args()
