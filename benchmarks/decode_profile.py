@@ -29,10 +29,10 @@ from models.layers import fuse_projections
 
 def kind(name: str) -> str:
     n = name.lower()
+    if any(s in n for s in ("flash", "fmha", "attention", "efficient", "sdpa")) and "triton" not in n:
+        return "attention"  # first: cuDNN's attention kernels are named sm90_... too
     if any(s in n for s in ("gemv", "gemm", "cutlass", "xmma", "nvjet", "sm90", "cublas")):
         return "gemv (cuBLAS)"
-    if any(s in n for s in ("flash", "fmha", "attention", "efficient")):
-        return "attention"
     if "triton" in n and "_sum" in n:
         return "gemv (triton reduction)"
     if "triton" in n:
