@@ -108,6 +108,7 @@ class NativeEngine:
         self._warn_if_running(thread)
 
     def stop_blocking(self) -> None:
+        """shutdown() for a caller without an event loop (the engine process)."""
         thread = self._signal_stop()
         if thread is not None:
             thread.join(SHUTDOWN_TIMEOUT_S)
