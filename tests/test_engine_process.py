@@ -5,13 +5,16 @@ behind a live server (tiny models; the harness's spec server is one too):
 - a client that leaves mid-stream frees its slot in the child;
 - a killed engine process: open streams end with an error event at once, /health turns 503
   "dead" and new requests fail fast, while the server itself keeps answering;
-- stopping the server leaves no child process behind."""
+- stopping the server leaves no child process behind;
+- the child's half of the pipe protocol, with a real engine whose thread dies."""
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -121,3 +124,49 @@ def test_server_stop_leaves_no_engine_process():
     assert not s.engine._proc.is_alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_engine_side_speaks_the_pipe_protocol_and_reports_a_dead_engine():
+    """The child's half (engine/process._EngineSide) over a real pipe with a real engine in
+    this process: deltas come one message per loop turn, a full queue is refused, an abort
+    frees the row, and when the engine thread dies every message after says why (the server
+    then turns /health dead)."""
+    from engine.api import SamplingParams
+    from engine.process import _EngineSide
+    from tests.test_reliability_faults import instrument
+
+    engine = h.native_engine(h.models(), speculative=False, max_batch=1, max_waiting=1)
+    engine.start_blocking()
+    server_end, child_end = multiprocessing.Pipe()
+    side = _EngineSide(engine, child_end)
+    serving = threading.Thread(target=side.serve, daemon=True)
+    serving.start()
+    fail = threading.Event()
+    instrument(engine, delay=0.01, fail=fail)
+    long = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)
+
+    def until(pred, what):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if server_end.poll(0.1) and pred(msg := server_end.recv()):
+                return msg
+        raise AssertionError(f"no {what} message")
+
+    try:
+        server_end.send(("add", "a", [5, 6, 7], long))
+        out = until(lambda m: m[0] == "out" and m[1], "first delta")
+        assert out[1][0][0] == "a" and out[1][0][1].token_ids and out[3] is None
+        server_end.send(("add", "b", [5, 6], long))  # waits: max_batch 1
+        server_end.send(("add", "c", [5], long))     # the queue (1) is full
+        refused = until(lambda m: m[0] == "refused", "refused")
+        assert refused[1:3] == ("c", True)
+        server_end.send(("abort", "a"))  # b takes a's row
+        until(lambda m: m[0] == "out" and any(rid == "b" for rid, _ in m[1]), "b's first delta")
+        fail.set()
+        dead = until(lambda m: m[0] == "out" and m[3], "dead engine")
+        assert "injected fault" in dead[3]
+        assert any(rid == "b" and o.finish_reason == "abort" for rid, o in dead[1])
+    finally:
+        server_end.send(("stop",))
+        serving.join(30)
+    assert not serving.is_alive()
