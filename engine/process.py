@@ -61,6 +61,8 @@ class EngineProcess:
 
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads and CUDA state
         self._conn, child_end = ctx.Pipe()
+        # daemon: ended at exit even if shutdown never ran (a joined child would wait for the EOF
+        # that only our exit sends). Inductor's default compile workers (subprocess) allow it.
         self._proc = ctx.Process(target=child_main, args=(self.args, child_end, self._log),
                                  name="specserve-engine", daemon=True)
         self._proc.start()
