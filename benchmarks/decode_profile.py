@@ -40,6 +40,16 @@ def kind(name: str) -> str:
     return "other"
 
 
+def step_label(chain_steps: int) -> str:
+    """How a profiled engine step is named in the results: plain (0) or chain N."""
+    return f"chain {chain_steps}" if chain_steps else "plain"
+
+
+def label_steps(label: str) -> int:
+    """step_label's inverse."""
+    return 0 if label == "plain" else int(label.removeprefix("chain "))
+
+
 def profile_step(target, steps: int, compile: bool, drafter=None, spec: SpecConfig | None = None) -> dict:
     dec = BatchDecoder(target, drafter, spec, max_batch=1, max_context=1024, compile=compile)
     s = BatchSampling.all_greedy_rows(1, "cuda")
@@ -90,7 +100,7 @@ def profile_pair(model: str, draft: str, chain_steps: list[int], steps: int,
     for prefix in modes:
         compile = prefix == "compiled"
         for n in chain_steps:
-            res[f"{prefix} {f'chain {n}' if n else 'plain'}"] = profile_step(
+            res[f"{prefix} {step_label(n)}"] = profile_step(
                 target, steps, compile, drafter if n else None, SpecConfig(n) if n else None)
     return res, [f"{model} + {draft}"]
 
@@ -119,7 +129,8 @@ def main() -> None:
     for mode, p in res.items():
         if not isinstance(p, dict) or "by_kind_ms" not in p:
             continue
-        lines.append(f"\n{mode}: kernels {p['kernel_ms_per_step']:.3f} ms/step, {p['kernels_per_step']:.0f} kernels/step")
+        lines.append(f"\n{mode}: kernels {p['kernel_ms_per_step']:.3f} ms/step, "
+                     f"{p['kernels_per_step']:.0f} kernels/step")
         lines += [f"  {k:<40} {v:7.3f} ms" for k, v in sorted(p["by_kind_ms"].items(), key=lambda kv: -kv[1])]
         lines += [f"    {t['ms_per_step']:7.3f} ms {t['calls_per_step']:5.0f}x  {t['kernel']}" for t in p["top"][:15]]
     (out / f"{name}.txt").write_text("\n".join(lines) + "\n")

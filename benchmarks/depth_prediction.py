@@ -17,7 +17,8 @@ the same drafter quality is the assumption). At L = 8 this reproduces the measur
 speedups; everything else is a PREDICTION, not a measurement.
 
   python -m benchmarks.depth_prediction --profile benchmarks/results/h200_run4/call3/profile/pair_profile.json \\
-      --sweep benchmarks/results/h200_run2/call3/step_sweep/h200-native.json --out-dir benchmarks/results/depth_prediction
+      --sweep benchmarks/results/h200_run2/call3/step_sweep/h200-native.json \\
+      --out-dir benchmarks/results/depth_prediction
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.decode_profile import label_steps
 from benchmarks.report import md_table, provenance, write_json
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.greedy_cycle import chain_greedy, plain_greedy
@@ -61,14 +63,14 @@ def step_ops(target, drafter, steps: int) -> int:
 
 
 def deeper(target, drafter, layers: int):
-    """The shipped target with `layers` layers (random weights: counts do not depend on them)."""
-    from models.layers import fuse_projections, rope_inv_freq
-    from models.llama import LlamaModel
+    """`target`'s config with `layers` layers, random weights (counts do not depend on them),
+    capturing the aux layers `drafter` reads."""
+    from benchmarks.shapes import random_target
+    from models.layers import fuse_projections
 
-    cfg = dataclasses.replace(target.config, num_hidden_layers=layers)
-    t = LlamaModel(cfg, list(drafter.config.aux_layer_ids)).eval()
-    t.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    drafter.embed_tokens.weight = t.embed_tokens.weight
+    t = random_target(dataclasses.replace(target.config, num_hidden_layers=layers), "cpu",
+                      target.embed_tokens.weight.dtype)
+    t.aux_layer_ids = list(drafter.config.aux_layer_ids)
     return fuse_projections(t)
 
 
@@ -76,8 +78,9 @@ def predict(profile: dict, sweep: dict, depths: list[int], model: str, draft: st
     from engine.loading import NativeEngineArgs, load_models
 
     target, drafter, _ = load_models(NativeEngineArgs(model=model, draft=draft, spec=SpecConfig(1), device="cpu"))
-    chains = sorted(int(k.rsplit(" ", 1)[1]) for k in profile if k.startswith("graphs_only chain"))
-    measured = {s: profile[f"graphs_only {'chain ' + str(s) if s else 'plain'}"] for s in [0] + chains}
+    measured = {label_steps(k.removeprefix("graphs_only ")): v for k, v in profile.items()
+                if k.startswith("graphs_only ")}
+    chains = sorted(s for s in measured if s)
     accept = {r["steps"]: r["tokens_per_step"] for r in sweep["rows"] if r["topk"] <= 1}
     base_layers = target.config.num_hidden_layers
     base_ops = {s: step_ops(target, drafter, s) for s in measured}

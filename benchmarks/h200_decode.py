@@ -193,6 +193,24 @@ def measure_ours(ours, args, res: dict, record, save) -> None:
     save()
 
 
+@torch.inference_mode()
+def measure_hf_eager(hf, args, res: dict, save) -> None:
+    """transformers' default `generate` and assisted generation (a 2-layer draft of the same shape)."""
+    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+
+    res["hf_default_tok_s"] = hf_generate(hf, args.prompt_len, args.new_tokens)
+    log(f"hf default {res['hf_default_tok_s']:.1f}")
+    save()
+    small_cfg = HFConfig(**{**SHAPE, "num_hidden_layers": 2}, tie_word_embeddings=False)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        small = LlamaForCausalLM(small_cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    res["hf_assisted_tok_s"] = hf_generate(hf, args.prompt_len, args.new_tokens, assistant=small)
+    log(f"hf assisted {res['hf_assisted_tok_s']:.1f}")
+    save()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -244,19 +262,7 @@ def main() -> None:
     torch.cuda.empty_cache()
     if not args.skip_hf:
         if not args.hf_only:
-            with torch.inference_mode():
-                res["hf_default_tok_s"] = hf_generate(hf, args.prompt_len, args.new_tokens)
-                log(f"hf default {res['hf_default_tok_s']:.1f}")
-                save()
-                small_cfg = HFConfig(**{**SHAPE, "num_hidden_layers": 2}, tie_word_embeddings=False)
-                torch.set_default_dtype(torch.bfloat16)
-                with torch.device("cuda"):
-                    small = LlamaForCausalLM(small_cfg).eval()
-                torch.set_default_dtype(torch.float32)
-                res["hf_assisted_tok_s"] = hf_generate(hf, args.prompt_len, args.new_tokens, assistant=small)
-                log(f"hf assisted {res['hf_assisted_tok_s']:.1f}")
-                save()
-                del small
+            measure_hf_eager(hf, args, res, save)
         # transformers compiles the forward itself (reduce-overhead) when the cache is static.
         hf.generation_config.cache_implementation = "static"
         try:

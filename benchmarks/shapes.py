@@ -53,8 +53,8 @@ def _scale_(module: torch.nn.Module, std: float) -> None:
                 p.normal_(0.0, std)
 
 
-def random_target(shape: str, device, dtype=torch.bfloat16, seed: int = 0) -> LlamaModel:
-    config = TARGETS[shape]
+def random_target(shape: str | LlamaConfig, device, dtype=torch.bfloat16, seed: int = 0) -> LlamaModel:
+    config = TARGETS[shape] if isinstance(shape, str) else shape
     torch.manual_seed(seed)
     with torch.device(device), _default_dtype(dtype):
         model = LlamaModel(config)
