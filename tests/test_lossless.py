@@ -87,6 +87,21 @@ def test_compiled_decoder_matches_eager(models):
     assert counters["stats"]["unique_graphs"] == compiled
 
 
+def test_device_side_steps_trace_as_one_graph(models):
+    """torch.compile sees a whole plain step and a whole 3-step chain cycle (drafts, verify,
+    accept, extend) as one graph: no graph breaks, so nothing in them falls back to eager."""
+    import torch._dynamo as dynamo
+
+    from engine.greedy_cycle import chain_greedy, plain_greedy
+    dec = BatchDecoder(models["target"], models["drafters"]["fitted"], SpecConfig(steps=3), max_batch=1,
+                       max_context=512, cuda_graphs=False)
+    dec.prefill(0, models["prompts"][1], greedy())
+    with torch.inference_mode():
+        for fn in (plain_greedy, chain_greedy):
+            e = dynamo.explain(fn)(dec, 1, dec.cache_len)
+            assert (e.graph_count, e.graph_break_count) == (1, 0), (fn.__name__, e.break_reasons)
+
+
 @pytest.mark.parametrize("steps,topk,tokens", [(2, 2, 4), (3, 4, 8), (5, 3, 10), (8, 2, 16)])
 @pytest.mark.parametrize("kind", ["random", "fitted"])
 def test_tree_is_lossless(models, steps, topk, tokens, kind):
