@@ -16,7 +16,11 @@ with a(S), tokens per verify, from a measured sweep of the shipped pair (a deepe
 the same drafter quality is the assumption). At L = 8 this reproduces the measured CUDA-graph
 speedups; everything else is a PREDICTION, not a measurement.
 
-  python -m benchmarks.depth_prediction --profile benchmarks/results/h200_run4/call3/profile/pair_profile.json \\
+The committed prediction is for the first shipped pair (8 layers, commit 30d2cae; the shipped
+target is now the 32-layer one it led to, and benchmarks/results/README.md compares the two):
+  git worktree add /tmp/first 30d2cae
+  python -m benchmarks.depth_prediction --model /tmp/first/shipped/target --draft /tmp/first/shipped/drafter \\
+      --profile benchmarks/results/h200_run4/call3/profile/pair_profile.json \\
       --sweep benchmarks/results/h200_run2/call3/step_sweep/h200-native.json \\
       --out-dir benchmarks/results/depth_prediction
 """
@@ -118,8 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", required=True, help="decode_profile.py --model ... --modes graphs_only JSON")
     ap.add_argument("--sweep", required=True, help="step_sweep JSON of the same pair (CUDA graphs)")
-    ap.add_argument("--model", default="shipped/target")
-    ap.add_argument("--draft", default="shipped/drafter")
+    ap.add_argument("--model", required=True, help="the profiled pair's target")
+    ap.add_argument("--draft", required=True)
     ap.add_argument("--depths", default="8,16,24,32,48")
     ap.add_argument("--out-dir", required=True)
     args = ap.parse_args(argv)

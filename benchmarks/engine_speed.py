@@ -1,7 +1,8 @@
 """Decode speed of the native engine with and without speculation, side by side in one run.
 
-Batch 1, greedy, the same prompts for every setting; warm-up first, device synchronised,
-median over repeats. Prints a table and optionally writes JSON.
+Batch 1, greedy, the same prompts for every setting, each reply ending at the target's EOS
+(or after max_tokens; --ignore-eos: always max_tokens); warm-up first, device synchronised,
+median over prompts and repeats. Prints a table and optionally writes JSON.
 
   python -m benchmarks.engine_speed --model shipped/target --draft shipped/drafter --steps 0,1,2,3,4
 """
@@ -25,48 +26,76 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int,
-                overlap: bool = True) -> tuple[int, int, float]:
+def _upto_stop(tokens: list[int], stop_ids: frozenset[int]) -> tuple[int, bool]:
+    """How many of a step's tokens count (through the first stop token), and whether it stopped."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return i + 1, True
+    return len(tokens), False
+
+
+def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int, overlap: bool = True,
+                stop_ids: frozenset[int] = frozenset()) -> tuple[int, int, float]:
     """Returns (tokens, verify steps, decode seconds excluding prefill).
 
+    Decoding ends after max_tokens or at a token of stop_ids (the target's EOS, as a server
+    ends a reply; empty: always max_tokens). Greedy decoding is lossless, so every setting
+    stops at the same token.
     overlap: as the server's engine loop runs on GPU, step n+1 is launched before step n is
     read (the last launched step may be one more than needed: its time counts, its tokens do not).
     """
     s = BatchSampling.all_greedy_rows(1, decoder.device)
-    decoder.prefill(0, prompt, s)
+    first = decoder.prefill(0, prompt, s)
     sync(decoder.device)
+    if first in stop_ids:
+        return 1, 0, 0.0
     t0, tokens, steps = time.perf_counter(), 1, 0
     if overlap and decoder.overlap and decoder.device_side(s):
         current = decoder.launch(1)
-        while tokens < max_tokens:
+        while current is not None:
             ahead = decoder.launch(1) if decoder.room_to_launch(1) else None
-            tokens += len(decoder.collect(current)[0].tokens)
-            steps += 1
-            if ahead is None:
+            got, stopped = _upto_stop(decoder.collect(current)[0].tokens, stop_ids)
+            tokens, steps = tokens + got, steps + 1
+            if (stopped or tokens >= max_tokens) and ahead is not None:
+                decoder.collect(ahead)
                 break
             current = ahead
-        else:
-            decoder.collect(current)
     else:
-        while tokens < max_tokens:
-            tokens += len(decoder.step(1, s)[0].tokens)
-            steps += 1
+        stopped = False
+        while not stopped and tokens < max_tokens:
+            got, stopped = _upto_stop(decoder.step(1, s)[0].tokens, stop_ids)
+            tokens, steps = tokens + got, steps + 1
     sync(decoder.device)
     return tokens, steps, time.perf_counter() - t0
 
 
+def stop_ids_of(target, tokenizer) -> frozenset[int]:
+    """The target's EOS ids (config and tokenizer), as the engine's scheduler ends a reply."""
+    ids = set(target.config.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def stop_ids_for(args, target, tokenizer) -> frozenset[int]:
+    """The stop ids of a measurement run with add_measure_args' flags."""
+    return frozenset() if args.ignore_eos else stop_ids_of(target, tokenizer)
+
+
 def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False,
-            overlap: bool = True) -> dict:
+            overlap: bool = True, stop_ids: frozenset[int] = frozenset()) -> dict:
     decoder = BatchDecoder(target, drafter if spec else None, spec, 1, max_context, compile=compile)
-    # Warm-up on the longest prompt: captures the graphs of every attention span the runs reach.
+    # Warm-up on the longest prompt, to max_tokens: captures the graphs of every attention span the runs reach.
     decode_once(decoder, max(prompts, key=len), max_tokens, overlap)
     rates, accept, per_step = [], [], []
     for _ in range(repeats):
         for p in prompts:
-            n, steps, secs = decode_once(decoder, p, max_tokens, overlap)
+            n, steps, secs = decode_once(decoder, p, max_tokens, overlap, stop_ids)
+            if steps == 0:  # the first token ended the reply: nothing decoded
+                continue
             rates.append((n - 1) / secs)
-            accept.append(n / steps if steps else 1.0)
-            per_step.append((n - 1) / steps if steps else 1.0)
+            accept.append(n / steps)
+            per_step.append((n - 1) / steps)
     # accept_length: the reporting convention (completion tokens / verify steps, first token
     # included); tokens_per_step: decode tokens per step only, what the cost model needs.
     return {"tok_per_s": statistics.median(rates), "accept_length": statistics.mean(accept),
@@ -94,7 +123,7 @@ def main(argv=None) -> None:
     for s in steps:
         spec = SpecConfig(s, args.topk, args.draft_tokens if args.topk > 1 else 0) if s else None
         r = measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context, args.compile,
-                    args.overlap)
+                    args.overlap, stop_ids_for(args, target, tok))
         rows.append({"steps": s, "topk": args.topk if s else 0, **r})
     base = rows[0]["tok_per_s"] if steps[0] == 0 else None
     print(f"device={device} dtype={target.embed_tokens.weight.dtype} model={args.model} draft={args.draft}")
@@ -117,6 +146,8 @@ def add_measure_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--compile", action="store_true", help="torch.compile the decode steps")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="decode max_tokens whatever the target emits (default: end each reply at its EOS, as served)")
     ap.add_argument("--no-overlap", dest="overlap", action="store_false",
                     help="read each step before launching the next (default: overlapped, as the server runs)")
 

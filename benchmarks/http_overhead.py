@@ -34,7 +34,7 @@ def measure_http(args) -> dict:
     with running_server(template, fields, Path(args.out_dir) / f"{args.name}-server.log", args.server_timeout) as base:
         cfg = serving.BenchConfig(base_url=base, model=None, max_concurrency=1, request_rate=float("inf"),
                                   num_prompts=args.num_prompts, max_tokens=args.max_tokens, temperature=0.0,
-                                  ignore_eos=True, seed=0, timeout_s=600.0)
+                                  ignore_eos=args.ignore_eos, seed=0, timeout_s=600.0)
         s = asyncio.run(serving.run_benchmark(cfg, prompts[1:], warmup=prompts[:1]))["summary"]
     if not s["decode_tok_s"]:
         raise RuntimeError(f"no successful streamed requests: {s['errors']}")
@@ -51,9 +51,11 @@ def measure_engine(args) -> dict:
     target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=spec,
                                                            device=args.device, dtype=args.dtype))
     # The HTTP run used prompt 0 as its warm-up and measured 1..N: measure the same ones here.
-    prompts = engine_speed.load_prompts(args.prompts, load_tokenizer(args.model), args.num_prompts + 1)[1:]
+    tok = load_tokenizer(args.model)
+    prompts = engine_speed.load_prompts(args.prompts, tok, args.num_prompts + 1)[1:]
     r = engine_speed.measure(target, drafter, spec, prompts, args.max_tokens, 1, args.max_context,
-                             compile=args.compile, overlap=args.overlap)
+                             compile=args.compile, overlap=args.overlap,
+                             stop_ids=engine_speed.stop_ids_for(args, target, tok))
     return {"tok_s": r["tok_per_s"], "accept_length": r["accept_length"] if spec else None, "device": str(device)}
 
 

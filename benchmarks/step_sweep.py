@@ -5,6 +5,9 @@ trees (steps/topk/draft tokens), side by side in one run, and records tok/s, acc
 and speedup over the baseline. The fastest row becomes the "best" record that
 `launch/serve.sh --steps auto` reads back through `best_steps(profile)`.
 
+Each reply ends at the target's EOS, as a server ends it (greedy decoding is lossless, so
+every setting decodes the same tokens); --ignore-eos decodes max_tokens whatever the target
+emits, which past its end-of-turn token measures text the drafter never trained on.
 In-process (default) it reuses benchmarks/engine_speed.py (batch 1, greedy). With --http it
 starts one server per setting from a command template and measures over the OpenAI API
 with benchmarks/serving.py (concurrency 1), so the HTTP path is what gets chosen.
@@ -90,12 +93,14 @@ def sweep_in_process(args, grid: list[Setting]) -> tuple[list[dict], dict]:
     spec_any = SpecConfig(max(s.steps for s in grid)) if any(s.steps for s in grid) else None
     target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=spec_any,
                                                            device=args.device, dtype=args.dtype))
-    prompts = engine_speed.load_prompts(args.prompts, load_tokenizer(args.model), args.num_prompts)
+    tok = load_tokenizer(args.model)
+    prompts = engine_speed.load_prompts(args.prompts, tok, args.num_prompts)
+    stop_ids = engine_speed.stop_ids_for(args, target, tok)
     rows = []
     for s in grid:
         spec = SpecConfig(s.steps, s.topk, s.draft_tokens if s.topk > 1 else 0) if s.steps else None
         r = engine_speed.measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context,
-                                 compile=args.compile, overlap=args.overlap)
+                                 compile=args.compile, overlap=args.overlap, stop_ids=stop_ids)
         acc, per_step = (r["accept_length"], r["tokens_per_step"]) if s.steps else (1.0, 1.0)
         rows.append({"setting": s.label, **s.record(), "tok_s": r["tok_per_s"], "accept_length": acc,
                      "tokens_per_step": per_step})
@@ -124,10 +129,9 @@ def sweep_http(args, grid: list[Setting]) -> tuple[list[dict], dict]:
         try:
             with running_server(template, {"model": args.model, "draft": args.draft, **s.record()}, log,
                                 args.server_timeout) as base:
-                # ignore_eos: every setting decodes max_tokens, as the in-process measurement does
                 cfg = serving.BenchConfig(base_url=base, model=None, max_concurrency=1, request_rate=float("inf"),
                                           num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                                          temperature=0.0, ignore_eos=True, seed=0, timeout_s=600.0)
+                                          temperature=0.0, ignore_eos=args.ignore_eos, seed=0, timeout_s=600.0)
                 res = asyncio.run(serving.run_benchmark(cfg, prompts[1:], warmup=prompts[:1]))["summary"]
         except (RuntimeError, TimeoutError) as e:
             rows.append({"setting": s.label, **s.record(), "tok_s": None, "accept_length": None, "error": str(e)})
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"name": args.name, "profile": args.profile, "model": args.model, "draft": args.draft,
               "mode": "http" if args.http else "in-process", "env": env,
               "settings": {k: getattr(args, k) for k in ("num_prompts", "max_tokens", "repeats", "prompts", "compile",
-                                                     "overlap")},
+                                                     "overlap", "ignore_eos")},
               "rows": rows, "best": pick_best(rows), "provenance": provenance(argv)}
     out = Path(args.out_dir)
     paths = [write_json(out / f"{args.name}.json", result)]

@@ -68,11 +68,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="shipped/target", help="where the HF checkpoint and provenance go")
     ap.add_argument("--work-dir", default="runs/shipped/train", help="training state (optimizer etc.), not shipped")
     # model
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=704)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--kv-heads", type=int, default=1)
+    ap.add_argument("--intermediate", type=int, default=384)
     ap.add_argument("--max-positions", type=int, default=1024)
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     # training
