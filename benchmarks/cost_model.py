@@ -7,6 +7,10 @@ For a greedy chain with S steps (engine/greedy_cycle.py):
 
 where a(S) = decode tokens per verify step at S steps (the accept length without the prefill
 token), c_decode = one plain decode step, and the costs come from benchmarks/step_costs.py.
+Replies of T decode tokens (the sweep's decode_tokens_per_reply, or --reply-tokens) also pay
+the one step the engine launches ahead of each reply's end, plain or speculative: T + 1 decode
+steps against T / a(S) + 1 cycles, so both formulas above gain the factor (T + 1) / (T + a(S))
+for speedup and T / (T + a(S)) for tok/s (1 as T grows).
 Two cost sources are reported side by side: "parts" (the sum above, c_overhead fitted once at
 a reference S) and "cycle" (the engine's whole chain step timed at each S; its shapes are
 fixed, so it does not depend on acceptance and can be timed with any drafter).
@@ -72,19 +76,25 @@ def acceptance_curve(sweep: dict) -> dict[int, float]:
     return out
 
 
-def predict(costs: Costs, accept: dict[int, float], source: str = "parts") -> list[dict]:
+def reply_tokens(sweep: dict) -> float | None:
+    """Decode tokens per reply of the sweep's baseline (the same for every setting: greedy is lossless)."""
+    return next((r.get("decode_tokens_per_reply") for r in sweep["rows"] if r["steps"] == 0), None)
+
+
+def predict(costs: Costs, accept: dict[int, float], source: str = "parts", reply: float | None = None) -> list[dict]:
     rows = []
     for s, a in sorted(accept.items()):
         cyc = costs.cycle_ms(s, source)
         if cyc is None or cyc <= 0:  # not measured (or noise made the parts sum meaningless)
             continue
-        rows.append({"steps": s, "accept": a, "cycle_ms": cyc, "tok_s": 1000.0 * a / cyc,
-                     "speedup": a * costs.decode_ms / cyc})
+        tail_tok, tail_speedup = (reply / (reply + a), (reply + 1) / (reply + a)) if reply else (1.0, 1.0)
+        rows.append({"steps": s, "accept": a, "cycle_ms": cyc, "tok_s": 1000.0 * a / cyc * tail_tok,
+                     "speedup": a * costs.decode_ms / cyc * tail_speedup})
     return rows
 
 
-def validate(costs: Costs, sweep: dict, source: str = "parts") -> dict:
-    pred = {r["steps"]: r for r in predict(costs, acceptance_curve(sweep), source)}
+def validate(costs: Costs, sweep: dict, source: str = "parts", reply: float | None = None) -> dict:
+    pred = {r["steps"]: r for r in predict(costs, acceptance_curve(sweep), source, reply)}
     rows = []
     for r in sweep["rows"]:
         if r["steps"] in pred and r["topk"] == 1 and r.get("speedup"):
@@ -94,7 +104,7 @@ def validate(costs: Costs, sweep: dict, source: str = "parts") -> dict:
                          "predicted_tok_s": p["tok_s"],
                          "error_pct": 100.0 * (p["speedup"] - r["speedup"]) / r["speedup"]})
     worst = max((abs(r["error_pct"]) for r in rows), default=None)
-    return {"costs": costs.name, "source": source, "rows": rows, "max_abs_error_pct": worst,
+    return {"costs": costs.name, "source": source, "reply_tokens": reply, "rows": rows, "max_abs_error_pct": worst,
             "within_tolerance": worst is not None and worst <= 100 * TOLERANCE}
 
 
@@ -104,11 +114,14 @@ SOURCES = ("parts", "cycle")
 def markdown(result: dict) -> str:
     out = [f"# Cost model: {result['name']}\n\n`{result['provenance']['command']}`\n\n",
            "parts: cycle(S) = c_verify(S+1) + (S-1)·c_draft_step + c_extend(S+1) + c_overhead; "
-           "cycle: the engine's whole chain step timed at S. speedup(S) = a(S)·c_decode / cycle(S)\n\n"
-           f"Acceptance curve a(S) from `{result['sweep']}`.\n"]
+           "cycle: the engine's whole chain step timed at S. speedup(S) = a(S)·c_decode / cycle(S)"
+           + (f" · (T+1)/(T+a(S)), replies of T = {result['reply_tokens']:.1f} decode tokens (each also pays the "
+              "step launched ahead of its end)" if result.get("reply_tokens") else "")
+           + f"\n\nAcceptance curve a(S) from `{result['sweep']}`.\n"]
     for v in result.get("validations", []):
+        tail = f", replies of {v['reply_tokens']:.1f} decode tokens" if v.get("reply_tokens") else ""
         out.append(f"\n## Validation against measured end-to-end speedup ({v['costs']}, cost source: "
-                   f"{v['source']})\n\n")
+                   f"{v['source']}{tail})\n\n")
         out.append(md_table(["steps", "a(S)", "measured speedup", "predicted speedup", "error %",
                              "measured tok/s", "predicted tok/s"],
                             [[r["steps"], r["accept"], r["measured_speedup"], r["predicted_speedup"], r["error_pct"],
@@ -161,6 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--validate", metavar="COSTS", help="step_costs JSON of the SAME pair and device as --sweep")
     ap.add_argument("--predict", metavar="COSTS", action="append", default=[],
                     help="step_costs JSON of another target (repeatable)")
+    ap.add_argument("--reply-tokens", type=float,
+                    help="decode tokens per reply when the sweep does not record them (0: endless replies)")
     ap.add_argument("--name", help="output stem (default: the sweep's name)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
@@ -168,16 +183,18 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("give --validate COSTS and/or --predict COSTS")
     sweep = json.loads(Path(args.sweep).read_text())
     accept = acceptance_curve(sweep)
+    reply = reply_tokens(sweep) if args.reply_tokens is None else args.reply_tokens or None
     result = {"name": args.name or sweep.get("name", Path(args.sweep).stem), "sweep": args.sweep,
-              "acceptance": accept, "tolerance_pct": 100 * TOLERANCE}
+              "acceptance": accept, "reply_tokens": reply, "tolerance_pct": 100 * TOLERANCE}
     result["validations"], result["predictions"] = [], []
     if args.validate:
         c = Costs.load(args.validate)
-        result["validations"] = [validate(c, sweep, src) for src in SOURCES if src == "parts" or c.measured_cycle_ms]
+        result["validations"] = [validate(c, sweep, src, reply) for src in SOURCES
+                                 if src == "parts" or c.measured_cycle_ms]
     for path in args.predict:
         c = Costs.load(path)
         for src in SOURCES:
-            rows = predict(c, accept, src)
+            rows = predict(c, accept, src, reply)
             if rows:
                 result["predictions"].append({"label": "PREDICTION", "costs": c.name, "device": c.device,
                                               "source": src, "decode_ms": c.decode_ms, "rows": rows})

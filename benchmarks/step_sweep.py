@@ -103,7 +103,7 @@ def sweep_in_process(args, grid: list[Setting]) -> tuple[list[dict], dict]:
                                  compile=args.compile, overlap=args.overlap, stop_ids=stop_ids)
         acc, per_step = (r["accept_length"], r["tokens_per_step"]) if s.steps else (1.0, 1.0)
         rows.append({"setting": s.label, **s.record(), "tok_s": r["tok_per_s"], "accept_length": acc,
-                     "tokens_per_step": per_step})
+                     "tokens_per_step": per_step, "decode_tokens_per_reply": r["decode_tokens_per_reply"]})
         print(f"{s.label:>16} {r['tok_per_s']:9.1f} tok/s  accept {acc:.2f}", flush=True)
     env = {"device": str(device), "dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."),
            "compile": args.compile}

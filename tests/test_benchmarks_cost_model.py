@@ -21,6 +21,15 @@ def test_formula():
     assert cost_model.predict(timed, {3: 3.0}, source="cycle")[0]["speedup"] == pytest.approx(1.5)
 
 
+def test_replies_that_end_pay_the_step_launched_ahead():
+    # 30 decode tokens: plain 30 + 1 steps of 1 ms; speculative 30 / 3 + 1 = 11 cycles of 2.2 ms.
+    (row,) = cost_model.predict(COSTS, {3: 3.0}, reply=30.0)
+    assert row["speedup"] == pytest.approx(31 * 1.0 / (11 * 2.2))
+    assert row["tok_s"] == pytest.approx(1000 * 30 / (11 * 2.2))
+    rows = [{"steps": 0, "topk": 0, "decode_tokens_per_reply": 30.0}, {"steps": 3, "topk": 1}]
+    assert cost_model.reply_tokens({"rows": rows}) == 30.0
+
+
 def sweep(tmp_path, rows):
     p = tmp_path / "sweep.json"
     p.write_text(json.dumps({"name": "pair", "rows": rows}))
