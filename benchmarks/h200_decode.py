@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -73,13 +74,15 @@ def graphed(fn):
     return g.replay
 
 
-def copy_bandwidth() -> float:
-    """Bytes read + written per second by a 4 GiB device-to-device copy."""
-    a = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = cuda_time(lambda: b.copy_(a), iters=10)
-    del a, b
-    return 2 * (4 << 30) / t
+def copy_bandwidth(gib: int = 4) -> float:
+    """Bytes read + written per second by a device-to-device copy of `gib` GiB on the current
+    GPU: the HBM figure decode is held against."""
+    src = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = cuda_time(functools.partial(dst.copy_, src), iters=10)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (gib << 30) / t
 
 
 def param_bytes(model) -> int:

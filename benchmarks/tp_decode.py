@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.engine_speed import decode_once
+from benchmarks.h200_decode import copy_bandwidth
 from benchmarks.report import provenance, write_json
 from benchmarks.shapes import random_drafter, random_target, weight_bytes
 from engine.cuda_graphs import GraphRunner
@@ -58,23 +59,6 @@ class CollectiveSafeGraphRunner(GraphRunner):
                 out = fn()
             self.graphs[key] = (graph, out)
         return super().run(key, fn)
-
-
-def copy_bandwidth(device: torch.device, gib: float = 2.0, iters: int = 10) -> float:
-    """Device-to-device copy GB/s (bytes read + written), the HBM figure decode is held against."""
-    n = int(gib * (1 << 30)) // 2
-    a = torch.empty(n, dtype=torch.bfloat16, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        b.copy_(a)
-    torch.cuda.synchronize(device)
-    secs = time.perf_counter() - t0
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * n * 2 * iters / secs / 1e9
 
 
 def decode_rate(dec: BatchDecoder, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -148,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if world > 1:
         warm_up(device)
         stage("first all-reduce done")
-    bw = copy_bandwidth(device) if cuda else None
+    bw = copy_bandwidth(gib=2) / 1e9 if cuda else None  # GB/s, on this rank's GPU
 
     spec = SpecConfig(args.steps) if drafter is not None else None
     dec = BatchDecoder(target, drafter, spec, 1, args.prompt_len + args.tokens + 64, cuda_graphs=False,

@@ -47,6 +47,7 @@ class EngineProcess:
         self._load = (0, 0)
         self._ready = False
         self._stopping = False
+        self._exit_report: asyncio.Task | None = None
 
     @property
     def ready(self) -> bool:
@@ -107,15 +108,19 @@ class EngineProcess:
             self._child_gone()
 
     def _child_gone(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._conn.fileno())
-        self._proc.join(1)
-        if self._stopping:
-            self.dead = "engine has shut down"
-        else:
-            self.dead = f"engine process died (exit code {self._proc.exitcode})"
-            log.error("%s; failing %d open requests", self.dead, len(self._streams))
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._conn.fileno())
+        self.dead = "engine has shut down" if self._stopping else "engine process died"
         for q in self._streams.values():
             q.put_nowait(GenerationOutput(finish_reason="abort", error=self.dead))
+        if not self._stopping:
+            log.error("%s; failed %d open requests", self.dead, len(self._streams))
+            self._exit_report = loop.create_task(self._log_exit_code())  # held: a bare task may be collected
+
+    async def _log_exit_code(self) -> None:
+        """The exit code, once the process is reaped (off the event loop: that may take a moment)."""
+        await asyncio.to_thread(self._proc.join, 5)
+        log.error("engine process exit code: %s", self._proc.exitcode)
 
     def _send(self, msg: tuple) -> None:
         try:

@@ -23,13 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVE_SH = ROOT / "launch" / "serve.sh"
 
 
-def require_server() -> None:
-    try:
-        import server.main  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"server/ (HTTP layer) is not in this tree yet: {e}")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,7 +94,6 @@ def completion(url: str, model: str, prompt: str = "def main(", max_tokens: int 
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    require_server()
     return make_tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
@@ -147,9 +139,6 @@ def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_pat
 
 def test_serve_sh_steps_2_serves_the_shipped_pair(tmp_path):
     """The fresh-clone command: no --model/--draft, the embedded default on CPU."""
-    require_server()
-    if not (ROOT / "shipped" / "target" / "config.json").is_file():
-        pytest.skip("shipped/target and shipped/drafter are not in this tree yet")
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the default profile is h200-native")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_launch_serve import ROOT, completion, free_port, make_tiny_pair, require_server, start_server
+from tests.test_launch_serve import ROOT, completion, free_port, make_tiny_pair, start_server
 
 DASHBOARD = ROOT / "monitoring" / "grafana" / "specserve-dashboard.json"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -43,7 +43,6 @@ def family(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    require_server()
     root = tmp_path_factory.mktemp("monitoring")
     target, drafter = make_tiny_pair(root)
     srv = start_server(["--profile", "cpu-default", "--steps", str(STEPS), "--model", str(target),

@@ -29,7 +29,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.test_launch_serve import SERVE_SH, ServerProc, free_port, require_server
+from tests.test_launch_serve import SERVE_SH, ServerProc, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-reliability-7f3a9c1e5b"
@@ -39,7 +39,6 @@ KEY = "sk-reliability-7f3a9c1e5b"
 def pair(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny target with a 2048-token context and a random
     drafter for it."""
-    require_server()
     from models.llama import load_target
     from tests.tiny import export_drafter, make_target_dir, random_drafter
     root = tmp_path_factory.mktemp("pair")
