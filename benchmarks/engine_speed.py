@@ -85,7 +85,7 @@ def stop_ids_for(args, target, tokenizer) -> frozenset[int]:
 def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False,
             overlap: bool = True, stop_ids: frozenset[int] = frozenset()) -> dict:
     decoder = BatchDecoder(target, drafter if spec else None, spec, 1, max_context, compile=compile)
-    # Warm-up on the longest prompt, to max_tokens: captures the graphs of every attention span the runs reach.
+    # Warm-up on the longest prompt, to max_tokens: captures the graphs of every span the runs reach.
     decode_once(decoder, max(prompts, key=len), max_tokens, overlap)
     rates, accept, per_step, decoded = [], [], [], []
     for _ in range(repeats):
@@ -97,6 +97,8 @@ def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, co
             accept.append(n / steps)
             per_step.append((n - 1) / steps)
             decoded.append(n - 1)
+    if not rates:
+        raise RuntimeError("every reply ended at its first token: nothing to time (try --ignore-eos)")
     # accept_length: the reporting convention (completion tokens / verify steps, first token
     # included); tokens_per_step: decode tokens per step only, and decode_tokens_per_reply
     # (each reply also pays the one step launched ahead of its end): what the cost model needs.
