@@ -4,8 +4,9 @@ concurrency C, repeated for R rounds.
 Checked per round: zero errors; every output (text, token count, finish reason) identical to
 the same request sent alone first (lossless under load: batching and speculation must not
 change a greedy result); the running/waiting gauges back at 0 once the round is over (no
-leaked KV-cache slot or queue entry); the server's resident memory (psutil RSS by pid) after
-each round, which must stay flat from the second round on (no memory leak).
+leaked KV-cache slot or queue entry); the resident memory (psutil RSS) of the server and its
+child processes, the engine among them, after each round, which must stay flat from the
+second round on (no memory leak).
 
   python -m benchmarks.reliability_load --profile cpu-default --requests 200 --concurrency 32 \\
       --rounds 4 --max-tokens 16,32 --name cpu-default
@@ -138,7 +139,10 @@ def wait_idle(url: str, timeout_s: float = 10) -> tuple[float, float]:
 
 
 def rss_mb(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+    """Resident memory of the server and every process under it (the engine runs in a child)."""
+    root = psutil.Process(pid)
+    procs = [root] + root.children(recursive=True)
+    return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
 
 
 def run(url: str, pid: int | None, items: list[dict], concurrency: int, rounds: int) -> dict:
