@@ -19,6 +19,7 @@ import torch
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, load_models, load_tokenizer
 from engine.sampling import BatchSampling
+from engine.scheduler import eos_ids
 
 
 def sync(device) -> None:
@@ -69,17 +70,9 @@ def decode_once(decoder: BatchDecoder, prompt: list[int], max_tokens: int, overl
     return tokens, steps, time.perf_counter() - t0
 
 
-def stop_ids_of(target, tokenizer) -> frozenset[int]:
-    """The target's EOS ids (config and tokenizer), as the engine's scheduler ends a reply."""
-    ids = set(target.config.eos_token_ids)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
-
-
 def stop_ids_for(args, target, tokenizer) -> frozenset[int]:
     """The stop ids of a measurement run with add_measure_args' flags."""
-    return frozenset() if args.ignore_eos else stop_ids_of(target, tokenizer)
+    return frozenset() if args.ignore_eos else frozenset(eos_ids(target, tokenizer))
 
 
 def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False,

@@ -36,6 +36,11 @@ class NativeEngineArgs:
     compile: bool = False           # torch.compile the decode steps (GPU: a minute or more per batch size)
     compile_max_batch: int = 1      # with compile: batch sizes compiled before serving (larger: on first use)
 
+    @property
+    def speculation(self) -> SpecConfig | None:
+        """The speculative setting in force: `spec` needs a drafter."""
+        return self.spec if self.draft else None
+
 
 def pick_device(device: str) -> torch.device:
     if device == "auto":
@@ -88,7 +93,7 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
         torch.set_num_threads(cpu_threads(args.cpu_threads))
     target = load_target(args.model, dtype=dtype, device=device)
     drafter = None
-    if args.draft and args.spec:
+    if args.speculation:
         drafter = load_drafter(args.draft, target.embed_tokens.weight, dtype=dtype, device=device)
         check_pair(target, drafter, args.draft)
         target.aux_layer_ids = list(drafter.config.aux_layer_ids)
@@ -99,7 +104,7 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
 
 def engine_info(args: NativeEngineArgs) -> EngineInfo:
     """What the engine will be, before loading (loading fills in context, device, dtype)."""
-    spec = args.spec if args.draft else None
+    spec = args.speculation
     return EngineInfo(engine="native", model=args.served_model_name or Path(args.model).name,
                       max_context=args.max_context, speculative=spec is not None, steps=spec.steps if spec else 0,
                       topk=spec.topk if spec else 0, draft_tokens=spec.num_draft_tokens if spec else 0)
@@ -107,13 +112,12 @@ def engine_info(args: NativeEngineArgs) -> EngineInfo:
 
 def build_engine(args: NativeEngineArgs) -> NativeEngine:
     """The native engine in this process (a thread): for tools, benchmarks and tests."""
-    spec = args.spec if args.draft else None
     info = engine_info(args)
 
     def load():
         target, drafter, device = load_models(args)
         max_context = args.max_context or target.config.max_position_embeddings
-        decoder = BatchDecoder(target, drafter, spec, args.max_batch, max_context, compile=args.compile)
+        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile)
         if args.compile:
             t0 = time.perf_counter()
             decoder.warm_up(args.compile_max_batch)

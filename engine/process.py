@@ -22,7 +22,6 @@ import logging
 import multiprocessing
 import signal
 import threading
-import time
 from multiprocessing.connection import Connection
 
 from engine.api import EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams, stream_outputs
@@ -81,12 +80,13 @@ class EngineProcess:
         """Wait for the child's "ready" or "failed" (loading can take minutes: weights, compiles)."""
         while not self._conn.poll(0.5):
             if not self._proc.is_alive():
-                return "failed", f"engine process exited with code {self._proc.exitcode} while loading"
+                break
             if self._stopping:
                 return "failed", "server stopped while the engine was loading"
         try:
             return self._conn.recv()
         except (EOFError, OSError):
+            self._proc.join(5)
             return "failed", f"engine process exited with code {self._proc.exitcode} while loading"
 
     def _on_readable(self) -> None:
@@ -138,9 +138,7 @@ class EngineProcess:
             self._conn.send(("stop",))
         except (OSError, ValueError):
             pass
-        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
-        while self._proc.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(self._proc.join, SHUTDOWN_TIMEOUT_S)
         if self._proc.is_alive():
             log.warning("engine process still running %.0f s after shutdown: killing it", SHUTDOWN_TIMEOUT_S)
             self._proc.kill()

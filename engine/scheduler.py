@@ -48,6 +48,14 @@ class _Request:
     error: str | None = None
 
 
+def eos_ids(target, tokenizer) -> set[int]:
+    """The ids that end a reply: the target config's EOS ids and the tokenizer's."""
+    ids = set(target.config.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
 class NativeEngine:
     """Implements engine.api.Engine. `load_fn` builds (decoder, tokenizer, info) when started."""
 
@@ -90,9 +98,7 @@ class NativeEngine:
     def start_blocking(self) -> None:
         """Load (weights, tokenizer, compiles) and start the engine thread."""
         self.decoder, self.tokenizer, self.info = self._load_fn()
-        self.eos_ids = set(self.decoder.target.config.eos_token_ids)
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            self.eos_ids.add(self.tokenizer.eos_token_id)
+        self.eos_ids = eos_ids(self.decoder.target, self.tokenizer)
         self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
         self._thread.start()
         self._ready = True

@@ -284,6 +284,7 @@ def test_shipped_pair_is_lossless_and_accepts_long_runs():
     measures 3.66 tokens per verify at 5 steps)."""
     from pathlib import Path
 
+    from benchmarks.engine_speed import load_prompts
     from engine.loading import load_models, load_tokenizer
 
     repo = Path(__file__).resolve().parents[1]
@@ -291,9 +292,7 @@ def test_shipped_pair_is_lossless_and_accepts_long_runs():
                                                       draft=str(repo / "shipped/drafter"),
                                                       spec=SpecConfig(5), device="cpu"))
     tok = load_tokenizer(str(repo / "shipped/target"))
-    lines = (repo / "shipped/data/heldout_prompts.jsonl").read_text().splitlines()[:3]
-    prompts = [tok.apply_chat_template(json.loads(line)["messages"], add_generation_prompt=True, tokenize=True,
-                                       return_dict=False) for line in lines]
+    prompts = load_prompts(str(repo / "shipped/data/heldout_prompts.jsonl"), tok, 3)
     expected, _ = decode(target, None, None, prompts, n=48)
     out, acc = decode(target, drafter, SpecConfig(5), prompts, n=48)
     assert out == expected
