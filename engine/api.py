@@ -31,6 +31,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     timeout_s: float | None = None  # wall-clock deadline for the whole request
+    detokenize: bool = True         # False: token ids only, no text and no stop strings (offline data generation)
 
     @property
     def greedy(self) -> bool:

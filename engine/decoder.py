@@ -150,23 +150,42 @@ class BatchDecoder:
     @torch.inference_mode()
     def prefill(self, row: int, prompt: list[int], sampling: BatchSampling) -> int:
         """Fill row `row` with `prompt`; return the first generated token."""
-        n = len(prompt)
-        tokens = torch.tensor([prompt], device=self.device)
-        zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        depth = torch.arange(n, device=self.device).unsqueeze(0)
-        span = min(self.cache_len, -(-n // self.span_multiple) * self.span_multiple)
-        inputs = block_inputs(zero, causal(1, n, self.device), depth, span, row_offset=row)
-        out = self.target(tokens, inputs, capture_aux=self.spec is not None,
-                          logits_at=torch.tensor([[n - 1]], device=self.device))
-        first = sample(probs_from_logits(out.logits, sampling)[0, 0], sampling.generators[0])
-        self.lens[row] = n
-        self.pending[row] = first
+        return self.prefill_batch(row, [prompt], sampling)[0]
+
+    @torch.inference_mode()
+    def prefill_batch(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[int]:
+        """Fill rows row .. row + len(prompts) - 1 with `prompts` in one target forward (and one
+        drafter forward); return each row's first generated token. Prompts are right-padded to
+        the longest: pad positions land past each row's committed length, where every later
+        step masks them out and overwrites them, so the batch changes no row's result."""
+        n = len(prompts)
+        lens = [len(p) for p in prompts]
+        width = max(lens)
+        dev = self.device
+        tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
+        last = torch.tensor(lens, device=dev) - 1
+        depth = torch.arange(width, device=dev).expand(n, width)
+        span = min(self.cache_len, -(-width // self.span_multiple) * self.span_multiple)
+        inputs = block_inputs(torch.zeros(n, dtype=torch.long, device=dev), causal(n, width, dev), depth, span,
+                              row_offset=row)
+        out = self.target(tokens, inputs, capture_aux=self.spec is not None, logits_at=last.view(n, 1))
+        probs = probs_from_logits(out.logits, sampling)[:, 0]
+        if sampling.all_greedy:
+            first = probs.argmax(-1)
+        else:
+            first = torch.tensor([sample(probs[b], sampling.generators[b]) for b in range(n)], device=dev)
+        self.lens[row:row + n] = lens
+        self.pending[row:row + n] = first
         if self.spec:
-            ext_tokens = torch.cat([tokens[:, 1:], torch.tensor([[first]], device=self.device)], dim=1)
-            d = self.drafter(ext_tokens, out.aux_hidden, inputs)
-            self.draft_logits[row] = d.logits[0, -1]
-            self.draft_hidden[row] = d.hidden[0, -1]
-        return first
+            # The drafter reads token t + 1 beside the target's state at t: shift left, and put
+            # the first generated token after each prompt's last one.
+            ext = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+            ext[torch.arange(n, device=dev), last] = first
+            d = self.drafter(ext, out.aux_hidden, inputs)
+            pick = torch.arange(n, device=dev)
+            self.draft_logits[row:row + n] = d.logits[pick, last]
+            self.draft_hidden[row:row + n] = d.hidden[pick, last]
+        return first.tolist()
 
     @torch.inference_mode()
     def warm_up(self, max_rows: int) -> None:

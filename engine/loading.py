@@ -17,6 +17,7 @@ from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
 from models.layers import fuse_projections
 from models.llama import LlamaModel, load_target
+from models.tokenizer import load_tokenizer
 
 log = logging.getLogger("specserve.engine")
 
@@ -31,6 +32,8 @@ class NativeEngineArgs:
     max_batch: int = 16
     max_context: int = 0            # 0: the model's max_position_embeddings
     max_waiting: int = 256
+    prefill_tokens: int = 8192      # padded prompt tokens per prefill forward (several requests at once)
+    prefill_min_rows: int = 1       # > 1: admit only when this many rows are free (offline throughput)
     served_model_name: str | None = None
     cpu_threads: int = 0            # 0: one core less than the machine has (at most 8), see cpu_threads()
     compile: bool = False           # torch.compile the decode steps (GPU: a minute or more per batch size)
@@ -81,11 +84,6 @@ def check_pair(target: LlamaModel, drafter: Eagle3Drafter, draft_path: str) -> N
                          f"{d.num_aux} layers of a {t.num_hidden_layers}-layer target")
 
 
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
-
-
 def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | None, torch.device]:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
@@ -129,7 +127,8 @@ def build_engine(args: NativeEngineArgs) -> NativeEngine:
         log.info("loaded %s on %s (speculative=%s)", args.model, device, info.speculative)
         return decoder, load_tokenizer(args.model), info
 
-    return NativeEngine(load, info, max_waiting=args.max_waiting)
+    return NativeEngine(load, info, max_waiting=args.max_waiting, prefill_tokens=args.prefill_tokens,
+                        prefill_min_rows=args.prefill_min_rows)
 
 
 def build_engine_process(args: NativeEngineArgs, log_format: str | None = None,

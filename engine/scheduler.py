@@ -1,7 +1,7 @@
 """NativeEngine: the engine interface over BatchDecoder, driven by one background thread
 (the server runs it in a process of its own: engine/process.py).
 
-The thread admits waiting requests (prefill, one at a time), then runs one batched decode
+The thread admits waiting requests (prefilled together, up to a padded-token budget), then runs one batched decode
 or speculative step for every active request, turns new tokens into text deltas, applies
 the stop conditions (EOS, stop token ids, stop strings, max_tokens, context limit,
 deadline) token by token — also inside an accepted draft run — and hands each delta to the
@@ -39,7 +39,7 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     emit: Callable[[GenerationOutput], None]
-    detok: IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None   # None: the request asked for token ids only
     generator: torch.Generator | None
     deadline: float | None
     spec: SpecStats | None
@@ -60,9 +60,13 @@ class NativeEngine:
     """Implements engine.api.Engine. `load_fn` builds (decoder, tokenizer, info) when started."""
 
     def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo,
-                 max_waiting: int = 256):
+                 max_waiting: int = 256, prefill_tokens: int = 8192, prefill_min_rows: int = 1):
         self._load_fn = load_fn
         self.info = info
+        # Admission: one prefill forward takes waiting requests while their padded length fits
+        # `prefill_tokens`; with `prefill_min_rows` > 1 (offline generation) it waits until that
+        # many rows are free, so that a full batch is not broken up by a prefill every step.
+        self.prefill_tokens, self.prefill_min_rows = prefill_tokens, prefill_min_rows
         self.tokenizer = None
         self.decoder: BatchDecoder | None = None
         self.max_waiting = max_waiting
@@ -164,7 +168,8 @@ class NativeEngine:
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         self._inbox.put(_Request(
             id=request_id, prompt=list(prompt_ids), params=params, emit=emit,
-            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop), generator=gen,
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop) if params.detokenize else None,
+            generator=gen,
             deadline=time.monotonic() + params.timeout_s if params.timeout_s else None,
             spec=SpecStats() if self.decoder.spec else None,
         ))
@@ -183,7 +188,7 @@ class NativeEngine:
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self._active and not self._waiting)
-                if self._next is not None and (self._aborted or self._waiting):
+                if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
                 self._admit()
@@ -232,18 +237,35 @@ class NativeEngine:
         with self._lock:
             self._n_waiting -= 1
 
+    def _will_admit(self) -> bool:
+        """Whether waiting requests would be prefilled now (rows free, see prefill_min_rows)."""
+        free = self.decoder.max_batch - len(self._active)
+        return bool(self._waiting) and free > 0 and (
+            not self._active or free >= min(self.prefill_min_rows, len(self._waiting)))
+
     def _admit(self) -> None:
         dec = self.decoder
-        while self._waiting and len(self._active) < dec.max_batch:
-            r = self._waiting.popleft()
-            self._left_queue()
+        while self._will_admit():
+            free = dec.max_batch - len(self._active)
+            group = [self._waiting.popleft()]
+            longest = len(group[0].prompt)
+            while self._waiting and len(group) < free:
+                longest_next = max(longest, len(self._waiting[0].prompt))
+                if longest_next * (len(group) + 1) > self.prefill_tokens:
+                    break
+                group.append(self._waiting.popleft())
+                longest = longest_next
             row = len(self._active)
-            self._active.append(r)
+            for r in group:
+                self._left_queue()
+                self._active.append(r)
             self._batch_sampling = None
-            first = dec.prefill(row, r.prompt, self._sampling([r]))
-            self._consume(row, [first])
-            if r.finish_reason:
-                self._release(row)
+            firsts = dec.prefill_batch(row, [r.prompt for r in group], self._sampling(group))
+            for i, first in enumerate(firsts):
+                self._consume(row + i, [first])
+            for i in reversed(range(row, row + len(group))):
+                if self._active[i].finish_reason:
+                    self._release(i)
 
     def _step(self) -> None:
         dec, rows = self.decoder, len(self._active)
@@ -255,7 +277,7 @@ class NativeEngine:
         current, self._next = self._next or dec.launch(rows), None
         # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
         # streams the current one. Only when nothing will change the batch meanwhile.
-        if (dec.overlap and self._inbox.empty() and not self._waiting and not self._aborted
+        if (dec.overlap and self._inbox.empty() and not self._will_admit() and not self._aborted
                 and dec.room_to_launch(rows)):
             self._next = dec.launch(rows)
         self._apply(dec.collect(current))
@@ -302,8 +324,9 @@ class NativeEngine:
             if not p.ignore_eos and t in self.eos_ids or t in p.stop_token_ids:
                 r.finish_reason = "stop"
                 break
-            r.detok.add(t)
-            if r.detok.stopped:
+            if r.detok is not None:
+                r.detok.add(t)
+            if r.detok is not None and r.detok.stopped:
                 r.finish_reason = "stop"
             elif len(r.output) >= p.max_tokens or len(r.prompt) + len(r.output) >= self.decoder.max_context:
                 r.finish_reason = "length"
@@ -312,7 +335,7 @@ class NativeEngine:
         if not r.finish_reason and r.deadline is not None and time.monotonic() > r.deadline:
             r.finish_reason, r.error = "abort", "request timed out"
         r.emit(GenerationOutput(
-            text=r.detok.take(final=r.finish_reason is not None), token_ids=new,
+            text=r.detok.take(final=r.finish_reason is not None) if r.detok else "", token_ids=new,
             finish_reason=r.finish_reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
             spec=r.spec if r.finish_reason else None, error=r.error,
         ))

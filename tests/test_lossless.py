@@ -26,14 +26,18 @@ def greedy(rows: int = 1) -> BatchSampling:
     return BatchSampling.all_greedy_rows(rows, "cpu")
 
 
-def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS, fast: bool = True):
+def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS, fast: bool = True,
+           batched_prefill: bool = False):
     """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists).
 
     fast: the device-side greedy step (engine/greedy_cycle.py); else the general path that
-    also serves sampling and trees.
+    also serves sampling and trees. batched_prefill: all prompts in one (padded) prefill.
     """
     dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512, fast_greedy=fast)
-    outs = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts)]
+    if batched_prefill:
+        outs = [[t] for t in dec.prefill_batch(0, prompts, greedy(len(prompts)))]
+    else:
+        outs = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts)]
     accepted = [[] for _ in prompts]
     while min(len(o) for o in outs) < n:
         for i, r in enumerate(dec.step(len(prompts), greedy(len(prompts)))):
@@ -115,6 +119,47 @@ def test_batched_rows_match_single_rows(models, fast):
     """Rows of different lengths decoded together give each row's solo output."""
     out, _ = decode(models["target"], models["drafters"]["fitted"], SpecConfig(3), models["prompts"], fast=fast)
     assert out == models["baseline"]
+
+
+@pytest.mark.parametrize("kind", ["none", "fitted"])
+def test_batched_prefill_matches_prefill_alone(models, kind):
+    """Prompts of lengths 1, 7 and 33 prefilled in one padded forward decode as they do alone
+    (the padding lies past each row's committed length), with and without a drafter."""
+    drafter = models["drafters"].get(kind)
+    spec = SpecConfig(3) if drafter else None
+    out, _ = decode(models["target"], drafter, spec, models["prompts"], batched_prefill=True)
+    assert out == models["baseline"]
+    if drafter:  # the drafter's prefill state is the same too: same acceptance step by step
+        _, alone = decode(models["target"], drafter, spec, models["prompts"])
+        _, together = decode(models["target"], drafter, spec, models["prompts"], batched_prefill=True)
+        assert alone == together
+
+
+def test_engine_admission_in_groups_matches_baseline(models, fitted_dir):
+    """Offline admission (engine prefills up to two requests at a time, only once two rows are
+    free, under a small token budget) answers every request as the target alone does,
+    including the last one that waits for a row with fewer requests than prefill_min_rows."""
+    engine = build_engine(NativeEngineArgs(model=str(models["target_dir"]), draft=str(fitted_dir), spec=SpecConfig(3),
+                                           device="cpu", max_context=512, max_batch=2, prefill_min_rows=2,
+                                           prefill_tokens=40))
+    prompts = models["prompts"] * 2 + models["prompts"][:1]
+
+    async def one(i, prompt):
+        ids = []
+        async for out in engine.generate(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=N_TOKENS,
+                                                                         ignore_eos=True, detokenize=False)):
+            assert out.text == ""
+            ids += out.token_ids
+        return ids
+
+    async def go():
+        await engine.start()
+        try:
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        finally:
+            await engine.shutdown()
+    expected = models["baseline"] * 2 + models["baseline"][:1]
+    assert asyncio.run(go()) == expected
 
 
 # -- stop conditions inside accepted runs, through the engine -----------------------------------
