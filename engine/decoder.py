@@ -19,7 +19,7 @@ from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
 from engine.greedy_cycle import chain_greedy, plain_greedy
 from engine.masks import block_inputs, causal
-from engine.sampling import BatchSampling, probs_from_logits, sample
+from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
 from models.llama import LlamaModel
@@ -170,10 +170,7 @@ class BatchDecoder:
                               row_offset=row)
         out = self.target(tokens, inputs, capture_aux=self.spec is not None, logits_at=last.view(n, 1))
         probs = probs_from_logits(out.logits, sampling)[:, 0]
-        if sampling.all_greedy:
-            first = probs.argmax(-1)
-        else:
-            first = torch.tensor([sample(probs[b], sampling.generators[b]) for b in range(n)], device=dev)
+        first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + n] = lens
         self.pending[row:row + n] = first
         if self.spec:
@@ -261,10 +258,7 @@ class BatchDecoder:
                               self._span(rows, 1))
         out = self.target(self.pending[:rows].unsqueeze(1), inputs)
         p = probs_from_logits(out.logits, sampling)[:, 0]
-        if sampling.all_greedy:
-            new = p.argmax(-1)
-        else:
-            new = torch.tensor([sample(p[b], sampling.generators[b]) for b in range(rows)], device=self.device)
+        new = p.argmax(-1) if sampling.all_greedy else sample_rows(p, sampling.generators)
         self.pending[:rows] = new
         for b in range(rows):
             self.lens[b] += 1

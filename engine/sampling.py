@@ -67,5 +67,18 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def sample_rows(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of probs [B, V], row b drawn with generators[b], with no host read:
+    a uniform per row, then inverse-CDF sampling of every row at once (per-row multinomials
+    cost a device sync and several kernels each, which dominated sampled steps of a large
+    batch on GPU). A row without a generator must be one-hot (greedy): it takes u = 1, which
+    lands on its only non-zero token. u lies in (0, 1], so a zero-probability token is never drawn."""
+    ones = torch.ones((), device=probs.device)
+    u = torch.stack([ones if g is None else 1 - torch.rand((), generator=g, device=probs.device) for g in generators])
+    cdf = probs.float().cumsum(-1)
+    picks = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1))
+    return picks.squeeze(1).clamp_max(probs.shape[-1] - 1)
+
+
 def uniform(generator: torch.Generator | None, device) -> float:
     return float(torch.rand((), generator=generator, device=device))

@@ -96,3 +96,23 @@ def test_speculative_sampling_matches_target(pair, spec):
     scale = sum(obs) / sum(exp)  # float rounding of the enumerated probabilities
     result = chisquare(obs, [e * scale for e in exp])
     assert result.pvalue > 1e-3, (result, sorted(zip(cells, obs, exp))[:10])
+
+
+def test_sample_rows_draws_each_row_from_its_own_distribution():
+    """Plain sampled steps draw a batch at once (engine.sampling.sample_rows): frequencies follow
+    each row's probabilities, zero-probability tokens never appear, a one-hot row without a
+    generator gives its token, and seeds repeat."""
+    from engine.sampling import sample_rows
+    probs = torch.tensor([[0.5, 0.0, 0.25, 0.25], [0.0, 0.0, 1.0, 0.0], [0.1, 0.2, 0.3, 0.4]])
+
+    def draws(seed: int, n: int = 4000) -> torch.Tensor:
+        gens = [torch.Generator().manual_seed(seed), None, torch.Generator().manual_seed(seed + 1)]
+        return torch.stack([sample_rows(probs, gens) for _ in range(n)])
+    got = draws(0)
+    assert (got[:, 0] != 1).all() and (got[:, 1] == 2).all()
+    for row in (0, 2):
+        counts = torch.bincount(got[:, row], minlength=V).double()
+        keep = probs[row] > 0
+        expected = probs[row][keep].double() / probs[row].double().sum() * counts.sum()
+        assert chisquare(counts[keep], expected).pvalue > 1e-3
+    assert torch.equal(draws(7, 50), draws(7, 50))
