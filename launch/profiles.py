@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from models.model_source import PREFIX as PYPI
+from models.model_source import resolve_model_path
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -197,9 +200,9 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
 
     cwd = Path.cwd()
     if o.model is not None:
-        put("model", "path", str(cwd / o.model), "--model")
+        put("model", "path", o.model if o.model.startswith(PYPI) else str(cwd / o.model), "--model")
     if o.draft is not None:
-        put("model", "draft", str(cwd / o.draft), "--draft")
+        put("model", "draft", o.draft if o.draft.startswith(PYPI) else str(cwd / o.draft), "--draft")
     if o.no_spec:
         put("speculative", "enabled", False, "--no-spec")
     if o.steps is not None:
@@ -319,7 +322,7 @@ def _build_section(cls, table, name: str, path: Path, origin: dict[str, str], ex
 def _resolve_path(p: str | None, base: Path) -> str | None:
     if not p:
         return p
-    p = os.path.expanduser(p)
+    p = os.path.expanduser(resolve_model_path(p))
     return p if os.path.isabs(p) else str((base / p).resolve())
 
 
@@ -340,8 +343,11 @@ def build_profile(raw: dict, path: Path, base: Path | None = None, origin: dict[
         if name in raw:
             setattr(prof, name, _build_section(cls, raw[name], name, path, origin, expanded))
     prof.env = _build_env(raw.get("env", {}), path)
-    prof.model.path = _resolve_path(prof.model.path, base)
-    prof.model.draft = _resolve_path(prof.model.draft, base)
+    for key in ("path", "draft"):
+        try:
+            setattr(prof.model, key, _resolve_path(getattr(prof.model, key), base))
+        except FileNotFoundError as e:
+            raise ProfileError(f"{_where('model.' + key, path, origin)}: model.{key}: {e}") from None
     _validate(prof, path, origin)
     return prof
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from models.aux_layers import default_aux_layer_ids
+from models.gguf import gguf_file, gguf_state_dict
 from models.hf_config import read_hf_config
 from models.layers import Attention, AttnInputs, KVCache, Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.safetensors_io import load_state_dict
@@ -131,7 +132,7 @@ class LlamaModel(nn.Module):
 
 def load_target(path: str | Path, *, dtype=torch.float32, device="cpu",
                 aux_layer_ids: list[int] | None = None) -> LlamaModel:
-    """Load a HF Llama-family checkpoint directory into LlamaModel."""
+    """Load a HF Llama-family checkpoint directory, or a GGUF one (dequantized), into LlamaModel."""
     cfg = read_hf_config(path)
     archs = cfg.get("architectures") or ["LlamaForCausalLM"]
     if not any(a in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM") for a in archs):
@@ -141,7 +142,7 @@ def load_target(path: str | Path, *, dtype=torch.float32, device="cpu",
     config = LlamaConfig.from_hf(cfg)
     with torch.device("meta"):
         model = LlamaModel(config, aux_layer_ids)
-    state = load_state_dict(path)
+    state = gguf_state_dict(file) if (file := gguf_file(path)) is not None else load_state_dict(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
