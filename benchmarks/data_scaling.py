@@ -1,8 +1,10 @@
 """Accept length against training-data size: one drafter per sample count, same recipe.
 
 For each N, `drafter train --limit-samples N` (the first N conversations, `--epochs` passes),
-`drafter export`, then `drafter eval` on held-out prompts at steps 1..6. Resumable: an N whose
-eval JSON exists is skipped. Writes a JSON table, markdown and a PNG plot to --out-dir.
+`drafter export`, then `drafter eval` on held-out prompts at steps 1..6. `--jobs` trains that
+many sizes at once (on one GPU, small drafters leave it mostly idle one at a time).
+Resumable: an N whose eval JSON exists is skipped, a run directory is resumed. Writes a JSON
+table, markdown and a PNG plot to --out-dir.
 
   python -m benchmarks.data_scaling --target shipped/target --data runs/scaling/data \
       --sizes 250,500,1000,2000 --out-dir benchmarks/results/data_scaling
@@ -13,29 +15,43 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.report import pyplot, save_figure
 
 
-def run(args: list[str]) -> None:
+def run(args: list[str], log: Path | None = None) -> None:
+    """One `drafter` command; output to `log` (concurrent runs) or to this terminal."""
     print("+", " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "drafter", *args], check=True)
+    if log is None:
+        subprocess.run([sys.executable, "-m", "drafter", *args], check=True)
+        return
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-m", "drafter", *args], check=True, stdout=out, stderr=subprocess.STDOUT)
 
 
-def one_size(a, n: int, work: Path) -> list[dict]:
+def train_one(a, n: int, work: Path) -> Path:
+    """Train and export the drafter for the first n conversations (resumes a run directory)."""
+    run_dir, draft = work / f"run_{n}", work / f"drafter_{n}"
+    if (draft / "config.json").is_file():
+        return draft
+    resume = ["--resume"] if run_dir.is_dir() else []
+    log = work / f"train_{n}.log"
+    run(["train", "--target", a.target, "--data", a.data, "--out", str(run_dir), "--limit-samples", str(n),
+         "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--max-length", str(a.max_length),
+         "--ttt-length", str(a.ttt_length), "--lr", str(a.lr), "--save-every", str(a.save_every),
+         "--log-every", "50", "--device", a.device, *resume], log)
+    run(["export", str(run_dir), str(draft), "--dtype", a.export_dtype], log)
+    return draft
+
+
+def eval_one(a, n: int, draft: Path, work: Path) -> list[dict]:
     result = work / f"eval_{n}.json"
     if not result.is_file():
-        run_dir, draft = work / f"run_{n}", work / f"drafter_{n}"
-        resume = ["--resume"] if run_dir.is_dir() else []
-        run(["train", "--target", a.target, "--data", a.data, "--out", str(run_dir), "--limit-samples", str(n),
-             "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--max-length", str(a.max_length),
-             "--ttt-length", str(a.ttt_length), "--lr", str(a.lr), "--save-every", "50", "--device", a.device,
-             *resume])
-        run(["export", str(run_dir), str(draft), "--dtype", "float32"])
         run(["eval", "--target", a.target, "--draft", str(draft), "--prompts", a.prompts, "--steps", a.steps,
              "--max-tokens", str(a.max_tokens), "--limit", str(a.eval_prompts), "--device", a.device,
-             "--out", str(result)])
+             "--max-batch", str(a.eval_prompts), "--out", str(result)])
     return json.loads(result.read_text())
 
 
@@ -66,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--ttt-length", type=int, default=7)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--save-every", type=int, default=50)
+    ap.add_argument("--export-dtype", default="float32")
+    ap.add_argument("--jobs", type=int, default=1, help="sizes trained at once")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--eval-prompts", type=int, default=24)
     ap.add_argument("--device", default="auto")
@@ -75,10 +94,13 @@ def main(argv: list[str] | None = None) -> None:
     work, out = Path(a.work_dir), Path(a.out_dir)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in a.sizes.split(",")]
+    with ThreadPoolExecutor(a.jobs) as pool:
+        drafts = list(pool.map(lambda n: train_one(a, n, work), sizes))
     rows = []
-    for n in (int(s) for s in a.sizes.split(",")):
+    for n, draft in zip(sizes, drafts):
         rows += [{"samples": n, "steps": r["steps"], "accept_length": r["accept_length"],
-                  "per_position": r["per_position"]} for r in one_size(a, n, work)]
+                  "per_position": r["per_position"]} for r in eval_one(a, n, draft, work)]
         (out / "data_scaling.json").write_text(json.dumps({"command": " ".join(sys.argv), "args": vars(a),
                                                             "rows": rows}, indent=2) + "\n")
     steps = sorted({r["steps"] for r in rows})

@@ -1,5 +1,6 @@
-"""`drafter` command: data, vocab, train, export, eval, inspect, compare.
+"""`drafter` command: prompts, data, vocab, train, export, eval, inspect, compare, export-hf.
 
+    drafter prompts --out P.jsonl --num N (--target DIR | --endpoint URL --model NAME --tokenizer DIR) [--mix FILE]
     drafter data --prompts P.jsonl --out DATA (--endpoint URL --model NAME --tokenizer DIR | --target DIR)
     drafter vocab --data DATA --size 32000
     drafter train --target DIR --data DATA --out RUN [--max-steps N] [--resume]   (torchrun for multi-GPU)
@@ -7,6 +8,7 @@
     drafter eval --target DIR --draft OUT [--draft OTHER] --prompts P.jsonl --steps 1,2,3
     drafter inspect CONFIG [--target-layers N]
     drafter compare A B [--target-layers N]
+    drafter export-hf SRC.gguf OUT [--dtype float32|bfloat16|float16]
 """
 from __future__ import annotations
 
@@ -29,8 +31,29 @@ def cmd_data(a) -> int:
         tokenizer=a.tokenizer, keep_responses=a.keep_responses, request_token_ids=a.request_token_ids,
         gen=GenParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, max_turns=a.max_turns),
         concurrency=a.concurrency, retries=a.retries, timeout_s=a.timeout, limit=a.limit, shard_size=a.shard_size,
-        device=a.device, dtype=a.dtype, max_batch=a.max_batch))
+        device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context))
     print(json.dumps(stats))
+    return 0
+
+
+def _lines(path: str) -> list[str]:
+    return [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def cmd_prompts(a) -> int:
+    from drafter.prompt_filter import FilterConfig
+    from drafter.self_prompts import SYSTEM_PROMPTS, PromptsConfig, run_prompts
+    c = PromptsConfig(
+        out=a.out, num=a.num, target=a.target, endpoint=a.endpoint, model=a.model, api_key=a.api_key,
+        tokenizer=a.tokenizer, system_prompts=_lines(a.system_prompts) if a.system_prompts else list(SYSTEM_PROMPTS),
+        temperatures=[float(t) for t in a.temperatures.split(",")], top_p=a.top_p, seed=a.seed,
+        completion_share=a.completion_share, opening_words=a.opening_words, mix=a.mix,
+        filters=FilterConfig(min_chars=a.min_chars, max_chars=a.max_chars, min_tokens=a.min_tokens,
+                             max_tokens=a.max_tokens, max_repeat_ratio=a.max_repeat_ratio,
+                             near_duplicate=a.near_duplicate),
+        concurrency=a.concurrency, max_requests=a.max_requests, device=a.device, dtype=a.dtype,
+        max_batch=a.max_batch, max_context=a.max_context)
+    print(json.dumps(run_prompts(c)))
     return 0
 
 
@@ -78,7 +101,7 @@ def cmd_export(a) -> int:
 def cmd_eval(a) -> int:
     from drafter.evaluate import evaluate, table, write_json
     results = evaluate(a.target, a.draft, a.prompts, _ints(a.steps), max_tokens=a.max_tokens, limit=a.limit,
-                       device=a.device, dtype=a.dtype, max_batch=a.max_batch)
+                       device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context)
     print(table(results))
     if a.out:
         write_json(results, a.out)
@@ -97,12 +120,50 @@ def cmd_compare(a) -> int:
     return 0
 
 
+def cmd_export_hf(a) -> int:
+    from models.gguf_export import export_hf
+    out = export_hf(a.src, a.out, dtype=a.dtype)
+    print(json.dumps({"model": str(out)}))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drafter", description="EAGLE-3 drafter pipeline")
     sub = p.add_subparsers(dest="cmd", required=True)
 
+    pr = sub.add_parser("prompts", help="the target writes user prompts (Magpie), filtered and deduplicated")
+    pr.add_argument("--out", required=True, help="prompt JSONL to write (appended to until --num are written)")
+    pr.add_argument("--num", type=int, required=True, help="prompts the target writes (--mix records come on top)")
+    pr.add_argument("--target", help="generate in-process through the native engine from this model directory")
+    pr.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (uses /completions)")
+    pr.add_argument("--model", help="model name at the endpoint")
+    pr.add_argument("--api-key")
+    pr.add_argument("--tokenizer", help="the target's tokenizer directory (default: --target)")
+    pr.add_argument("--system-prompts", help="text file, one system prompt per line, replacing the built-in list")
+    pr.add_argument("--temperatures", default="0.8,1.0,1.2", help="comma-separated; every system prompt meets each")
+    pr.add_argument("--top-p", type=float, default=1.0)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--completion-share", type=float, default=0.2,
+                    help="share of written prompts kept as a raw opening, continued without the chat template")
+    pr.add_argument("--opening-words", type=int, default=16, help="longest raw opening, in words")
+    pr.add_argument("--mix", help="user prompts to add (ShareGPT, messages or raw-prompt JSONL), deduplicated")
+    pr.add_argument("--min-chars", type=int, default=12)
+    pr.add_argument("--max-chars", type=int, default=4000)
+    pr.add_argument("--min-tokens", type=int, default=4)
+    pr.add_argument("--max-tokens", type=int, default=512, help="longest prompt; one cut off here is dropped")
+    pr.add_argument("--max-repeat-ratio", type=float, default=0.3, help="share of repeated word 3-grams allowed")
+    pr.add_argument("--near-duplicate", type=float, default=0.7, help="MinHash Jaccard threshold for near repeats")
+    pr.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    pr.add_argument("--max-requests", type=int, default=0, help="requests this run (0: 10 per prompt missing)")
+    pr.add_argument("--device", default="auto")
+    pr.add_argument("--dtype", default="auto")
+    pr.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
+    pr.add_argument("--max-context", type=int, default=0,
+                    help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
+    pr.set_defaults(fn=cmd_prompts)
+
     d = sub.add_parser("data", help="prompts -> target-regenerated, tokenized, sharded conversations")
-    d.add_argument("--prompts", required=True, help="ShareGPT JSONL or JSONL of {'messages': [...]}")
+    d.add_argument("--prompts", required=True, help="ShareGPT JSONL, or JSONL of {'messages': [...]} or of raw {'prompt': str}")
     d.add_argument("--out", required=True, help="data directory (generated.jsonl, shards/)")
     d.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
     d.add_argument("--model", help="model name at the endpoint")
@@ -124,6 +185,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="auto")
     d.add_argument("--dtype", default="auto")
     d.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
+    d.add_argument("--max-context", type=int, default=0,
+                   help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     d.set_defaults(fn=cmd_data)
 
     v = sub.add_parser("vocab", help="draft vocabulary (d2t/t2d) from the loss-masked tokens")
@@ -180,13 +243,14 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="accept length through the native engine")
     ev.add_argument("--target", required=True)
     ev.add_argument("--draft", required=True, action="append", help="drafter directory (repeat to compare)")
-    ev.add_argument("--prompts", required=True, help="prompt file (first user turn of each conversation)")
+    ev.add_argument("--prompts", required=True, help="prompt file (first user turn of each conversation; raw prompts without the template)")
     ev.add_argument("--steps", default="1,2,3", help="comma-separated speculative step counts")
     ev.add_argument("--max-tokens", type=int, default=256)
     ev.add_argument("--limit", type=int, default=0)
     ev.add_argument("--device", default="auto")
     ev.add_argument("--dtype", default="auto")
     ev.add_argument("--max-batch", type=int, default=16)
+    ev.add_argument("--max-context", type=int, default=2048, help="engine context (KV cache: max-batch rows of it)")
     ev.add_argument("--out", help="write results as JSON")
     ev.set_defaults(fn=cmd_eval)
 
@@ -200,6 +264,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("b")
     c.add_argument("--target-layers", type=int, help="target layer count (default: recorded in each config)")
     c.set_defaults(fn=cmd_compare)
+
+    x = sub.add_parser("export-hf", help="a Hugging Face model folder from a GGUF (for SGLang, vLLM, transformers)")
+    x.add_argument("src", help="a .gguf file, or a folder holding one")
+    x.add_argument("out", help="output model directory (new or empty)")
+    x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype (float32 keeps Q4/Q8 values exact)")
+    x.set_defaults(fn=cmd_export_hf)
     return p
 
 

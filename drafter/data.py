@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter.generate import EndpointBackend, GenParams, NativeBackend, regenerate
+from drafter.generate import GenParams, make_backend, regenerate
 from drafter.prompts import count_lines, read_prompts
 from drafter.shards import write_shards
 
@@ -39,21 +39,16 @@ class DataConfig:
     device: str = "auto"
     dtype: str = "auto"
     max_batch: int = 16
-
-
-def _backend(c: DataConfig):
-    if c.endpoint:
-        if not c.model:
-            raise ValueError("--endpoint needs --model (the name the endpoint serves)")
-        return EndpointBackend(c.endpoint, c.model, c.api_key, concurrency=c.concurrency, timeout_s=c.timeout_s,
-                               retries=c.retries, request_token_ids=c.request_token_ids)
-    if c.target:
-        return NativeBackend(c.target, device=c.device, dtype=c.dtype, max_batch=c.max_batch)
-    raise ValueError("give --endpoint URL --model NAME, or --target DIR, or --keep-responses")
+    max_context: int = 0              # 0: the model's (size the KV cache: max_batch rows of it)
 
 
 async def _generate(c: DataConfig, out: Path) -> dict:
-    backend = _backend(c)
+    if not (c.endpoint or c.target):
+        raise ValueError("give --endpoint URL --model NAME, or --target DIR, or --keep-responses")
+    backend = make_backend(endpoint=c.endpoint, model=c.model, api_key=c.api_key, target=c.target,
+                           concurrency=c.concurrency, device=c.device, dtype=c.dtype, max_batch=c.max_batch,
+                           max_context=c.max_context, timeout_s=c.timeout_s, retries=c.retries,
+                           request_token_ids=c.request_token_ids)
     await backend.start()
     try:
         total = count_lines(c.prompts)
@@ -75,13 +70,13 @@ def _copy_responses(c: DataConfig, out: Path) -> dict:
 
 
 def run_data(c: DataConfig) -> dict:
-    from transformers import AutoTokenizer
+    from models.tokenizer import load_tokenizer
     out_dir = Path(c.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_path = c.tokenizer or c.target
     if not tok_path:
         raise ValueError("--tokenizer DIR is needed with --endpoint (the target's tokenizer and chat template)")
-    tok = AutoTokenizer.from_pretrained(tok_path)
+    tok = load_tokenizer(tok_path)
     generated = out_dir / GENERATED
     stats = _copy_responses(c, generated) if c.keep_responses else asyncio.run(_generate(c, generated))
     infos = write_shards(generated, tok, out_dir, c.shard_size)

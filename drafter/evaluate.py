@@ -1,5 +1,7 @@
 """`drafter eval`: accept length and per-position acceptance on held-out prompts, through the
-native engine in this process, greedy, at each requested step count (chain, topk 1).
+native engine in this process, greedy, at each requested step count (chain, topk 1). Chat
+prompts go through the chat template; raw prompts (`{"prompt": ...}`) are continued as
+/v1/completions continues them, without it.
 
 Accept length = completion_tokens / verify_steps (bonus token included, DESIGN §2);
 per-position acceptance[i] = verify steps whose i-th draft token was accepted / verify steps.
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from drafter.prompts import read_prompts
+from drafter.prompts import raw_prompt_ids, read_prompts
 
 
 @dataclass
@@ -29,21 +31,28 @@ class EvalResult:
     per_position: list[float]
 
 
-async def _eval_one(target: str, draft: str, steps: int, prompts: list[list[dict]], max_tokens: int,
-                    device: str, dtype: str, max_batch: int) -> EvalResult:
+def _prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
+    if isinstance(prompt, str):
+        return raw_prompt_ids(tok, prompt)
+    text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+async def _eval_one(target: str, draft: str, steps: int, prompts: list[list[dict] | str], max_tokens: int,
+                    device: str, dtype: str, max_batch: int, max_context: int) -> EvalResult:
     from engine.api import SamplingParams
     from engine.decoder import SpecConfig
     from engine.loading import NativeEngineArgs, build_engine
 
     engine = build_engine(NativeEngineArgs(model=target, draft=draft, spec=SpecConfig(steps=steps), device=device,
-                                           dtype=dtype, max_batch=max_batch, max_waiting=1 << 30))
+                                           dtype=dtype, max_batch=max_batch, max_context=max_context,
+                                           max_waiting=1 << 30))
     await engine.start()
     tok = engine.tokenizer
     bar = tqdm(total=len(prompts), desc=f"eval {Path(draft).name} steps={steps}", unit="prompt")
 
-    async def one(messages):
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
+    async def one(prompt):
+        ids = _prompt_ids(tok, prompt)
         room = engine.info.max_context - len(ids) - 1
         last = None
         async for out in engine.generate(uuid.uuid4().hex, ids, SamplingParams(max_tokens=min(max_tokens, room),
@@ -74,9 +83,11 @@ async def _eval_one(target: str, draft: str, steps: int, prompts: list[list[dict
 
 
 def evaluate(target: str, drafts: list[str], prompts_file: str, steps: list[int], *, max_tokens: int = 256,
-             limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16) -> list[EvalResult]:
-    prompts = [c.first_prompt() for c in read_prompts(prompts_file, limit)]
-    return [asyncio.run(_eval_one(target, d, s, prompts, max_tokens, device, dtype, max_batch))
+             limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16,
+             max_context: int = 2048) -> list[EvalResult]:
+    prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt()
+               for c in read_prompts(prompts_file, limit)]
+    return [asyncio.run(_eval_one(target, d, s, prompts, max_tokens, device, dtype, max_batch, max_context))
             for d in drafts for s in steps]
 
 

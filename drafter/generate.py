@@ -12,13 +12,13 @@ import asyncio
 import json
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from tqdm import tqdm
 
-from drafter.prompts import Conversation
+from drafter.prompts import Conversation, raw_prompt_ids
 
 
 @dataclass
@@ -27,6 +27,8 @@ class GenParams:
     temperature: float = 0.0
     top_p: float = 1.0
     max_turns: int = 0          # regenerate at most this many user turns per conversation (0: all)
+    seed: int | None = None     # per-request sampling seed (reproducible prompts at temperature > 0)
+    stop_token_ids: list[int] = field(default_factory=list)   # end-of-turn ids besides the model's EOS
 
 
 @dataclass
@@ -43,13 +45,15 @@ class GenerationFailed(RuntimeError):
 class Backend(Protocol):
     async def start(self) -> None: ...
     async def complete(self, messages: list[dict], p: GenParams) -> Completion: ...
+    async def complete_raw(self, prompt: str | list[int], p: GenParams) -> Completion: ...
     async def close(self) -> None: ...
 
 
 class EndpointBackend:
-    """POST {endpoint}/chat/completions; retries timeouts, connection errors, 408/409/429/5xx with
-    exponential backoff and jitter (honouring Retry-After). A choice carrying `token_ids` (vLLM's
-    `return_token_ids` extension) gives exact ids; otherwise the text is re-tokenized later."""
+    """POST {endpoint}/chat/completions (/completions for raw prompts); retries timeouts,
+    connection errors, 408/409/429/5xx with exponential backoff and jitter (honouring
+    Retry-After). A choice carrying `token_ids` (vLLM's `return_token_ids` extension) gives
+    exact ids; otherwise the text is re-tokenized later."""
 
     def __init__(self, endpoint: str, model: str, api_key: str | None = None, *, concurrency: int = 64,
                  timeout_s: float = 600.0, retries: int = 5, backoff_s: float = 1.0, max_backoff_s: float = 60.0,
@@ -72,22 +76,36 @@ class EndpointBackend:
         if self.client is not None:
             await self.client.aclose()
 
-    async def complete(self, messages: list[dict], p: GenParams) -> Completion:
-        import httpx
-        body = {"model": self.model, "messages": messages, "max_tokens": p.max_tokens,
-                "temperature": p.temperature, "top_p": p.top_p, "stream": False}
+    def _body(self, p: GenParams) -> dict:
+        body = {"model": self.model, "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
+                "stream": False}
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if p.stop_token_ids:
+            body["stop_token_ids"] = list(p.stop_token_ids)
         if self.request_token_ids:
             body["return_token_ids"] = True   # vLLM's extension; the ids come back in choices[0].token_ids
+        return body
+
+    async def complete(self, messages: list[dict], p: GenParams) -> Completion:
+        return await self._post("/chat/completions", {**self._body(p), "messages": messages},
+                                lambda choice: choice["message"].get("content") or "")
+
+    async def complete_raw(self, prompt: str | list[int], p: GenParams) -> Completion:
+        """Continue `prompt` (text, or token ids as OpenAI's API takes them) without the chat template."""
+        return await self._post("/completions", {**self._body(p), "prompt": prompt}, lambda choice: choice["text"])
+
+    async def _post(self, path: str, body: dict, text: Callable[[dict], str]) -> Completion:
+        import httpx
         error = ""
         for attempt in range(self.retries + 1):
             wait = None
             try:
-                r = await self.client.post("/chat/completions", json=body)
+                r = await self.client.post(path, json=body)
                 if r.status_code == 200:
                     choice = r.json()["choices"][0]
                     ids = choice.get("token_ids")
-                    return Completion(choice["message"].get("content") or "", choice.get("finish_reason"),
-                                      ids if isinstance(ids, list) else None)
+                    return Completion(text(choice), choice.get("finish_reason"), ids if isinstance(ids, list) else None)
                 error = f"HTTP {r.status_code}: {r.text[:300]}"
                 if r.status_code not in (408, 409, 429) and r.status_code < 500:
                     raise GenerationFailed(error)
@@ -102,12 +120,16 @@ class EndpointBackend:
 
 
 class NativeBackend:
-    """The target in this process through our NativeEngine (batches concurrent requests)."""
+    """The target in this process through our NativeEngine, tuned for throughput: many requests
+    prefill together, admission waits for an eighth of the rows to be free, and requests ask
+    for token ids only (no incremental detokenization; the text is decoded once at the end)."""
 
-    def __init__(self, target: str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 16):
+    def __init__(self, target: str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 16,
+                 max_context: int = 0):
         from engine.loading import NativeEngineArgs, build_engine
-        self.engine = build_engine(NativeEngineArgs(model=target, device=device, dtype=dtype, max_batch=max_batch,
-                                                    max_waiting=1 << 30))
+        self.engine = build_engine(NativeEngineArgs(
+            model=target, device=device, dtype=dtype, max_batch=max_batch, max_context=max_context,
+            max_waiting=1 << 30, prefill_tokens=max(8192, 64 * max_batch), prefill_min_rows=max(1, max_batch // 8)))
 
     async def start(self) -> None:
         await self.engine.start()
@@ -116,27 +138,70 @@ class NativeBackend:
         await self.engine.shutdown()
 
     async def complete(self, messages: list[dict], p: GenParams) -> Completion:
-        from engine.api import SamplingParams
         tok = self.engine.tokenizer
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompt = tok(text, add_special_tokens=False)["input_ids"]
+        return await self.generate_ids(tok(text, add_special_tokens=False)["input_ids"], p)
+
+    async def complete_raw(self, prompt: str | list[int], p: GenParams) -> Completion:
+        """Continue `prompt` without the chat template; text is tokenized as /v1/completions does."""
+        ids = raw_prompt_ids(self.engine.tokenizer, prompt) if isinstance(prompt, str) else prompt
+        return await self.generate_ids(ids, p)
+
+    async def generate_ids(self, prompt: list[int], p: GenParams) -> Completion:
+        """Continue `prompt` (token ids). The engine thread collects the ids and wakes this
+        task once, when the request ends: per-token deltas would cost an event-loop callback
+        per request per step, which at hundreds of rows is what limits a GPU's throughput."""
+        from engine.api import SamplingParams
         room = self.engine.info.max_context - len(prompt) - 1
         if room < 1:
             raise GenerationFailed(f"prompt of {len(prompt)} tokens does not fit the context")
-        params = SamplingParams(max_tokens=min(p.max_tokens, room), temperature=p.temperature, top_p=p.top_p)
-        ids, finish = [], None
-        async for out in self.engine.generate(uuid.uuid4().hex, prompt, params):
-            if out.error:
-                raise GenerationFailed(out.error)
-            ids += out.token_ids
-            finish = out.finish_reason
-        return Completion(tok.decode(ids, skip_special_tokens=True), finish, ids)
+        params = SamplingParams(max_tokens=min(p.max_tokens, room), temperature=p.temperature, top_p=p.top_p,
+                                seed=p.seed, stop_token_ids=list(p.stop_token_ids), detokenize=False)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        ids: list[int] = []
+
+        def emit(out) -> None:  # engine thread
+            ids.extend(out.token_ids)
+            if out.finished:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
+
+        request_id = uuid.uuid4().hex
+        self.engine.submit(request_id, prompt, params, emit)
+        try:
+            last = await done
+        except asyncio.CancelledError:
+            self.engine.abort(request_id)
+            raise
+        if last.error:
+            raise GenerationFailed(last.error)
+        return Completion(self.engine.tokenizer.decode(ids, skip_special_tokens=True), last.finish_reason, ids)
+
+
+def make_backend(*, endpoint: str | None, model: str | None, api_key: str | None, target: str | None,
+                 concurrency: int, device: str, dtype: str, max_batch: int, max_context: int = 0,
+                 **endpoint_options) -> Backend:
+    """The backend a pipeline step's flags ask for: --endpoint URL --model NAME, or --target DIR."""
+    if endpoint:
+        if not model:
+            raise ValueError("--endpoint needs --model (the name the endpoint serves)")
+        return EndpointBackend(endpoint, model, api_key, concurrency=concurrency, **endpoint_options)
+    if target:
+        return NativeBackend(target, device=device, dtype=dtype, max_batch=max_batch, max_context=max_context)
+    raise ValueError("give --target DIR, or --endpoint URL --model NAME")
 
 
 async def regenerate_one(conv: Conversation, backend: Backend, p: GenParams) -> dict:
-    """Replace every assistant turn by the target's answer to the conversation so far. Exact
-    token ids are kept when the backend has them: decoding then re-encoding text can split
-    tokens differently (or lose partial UTF-8), and the drafter must see what the target saw."""
+    """Replace every assistant turn by the target's answer to the conversation so far (a raw
+    prompt: continue it, without the chat template). Exact token ids are kept when the backend
+    has them: decoding then re-encoding text can split tokens differently (or lose partial
+    UTF-8), and the drafter must see what the target saw."""
+    if conv.raw_prompt is not None:
+        c = await backend.complete_raw(conv.raw_prompt, p)
+        rec = {"id": conv.id, "prompt": conv.raw_prompt, "completion": c.text, "finish_reasons": [c.finish_reason]}
+        if c.token_ids is not None:
+            rec["completion_ids"] = [c.token_ids]
+        return rec
     msgs, finishes, turns, ids = [], [], 0, []
     for m in conv.messages:
         if m["role"] == "assistant":

@@ -1,6 +1,7 @@
-"""Read prompt files: ShareGPT JSONL (`{"conversations": [{"from": "human", "value": ...}]}`) or
-JSONL of chat messages (`{"messages": [{"role": "user", "content": ...}]}`), streamed line by line
-so a million-line file costs no memory."""
+"""Read prompt files: ShareGPT JSONL (`{"conversations": [{"from": "human", "value": ...}]}`),
+JSONL of chat messages (`{"messages": [{"role": "user", "content": ...}]}`), or raw text prompts
+(`{"prompt": "..."}`: what /v1/completions users send, continued without the chat template),
+streamed line by line so a million-line file costs no memory."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 class Conversation:
     id: str
     messages: list[dict]   # {"role": system|user|assistant, "content": str}
+    raw_prompt: str | None = None   # a completion-style prompt (then `messages` is empty)
 
     @property
     def user_turns(self) -> int:
@@ -30,12 +32,16 @@ class Conversation:
 
 
 def parse_record(rec: dict, fallback_id: str) -> Conversation:
+    if "prompt" in rec and "conversations" not in rec and "messages" not in rec:
+        if not isinstance(rec["prompt"], str):
+            raise ValueError(f"a raw prompt must be a string, got {type(rec['prompt']).__name__}")
+        return Conversation(id=str(rec.get("id", fallback_id)), messages=[], raw_prompt=rec["prompt"])
     if "conversations" in rec:
         raw = [(t.get("from") or t.get("role"), t.get("value", t.get("content"))) for t in rec["conversations"]]
     elif "messages" in rec:
         raw = [(m.get("role") or m.get("from"), m.get("content", m.get("value"))) for m in rec["messages"]]
     else:
-        raise ValueError("expected a 'conversations' (ShareGPT) or 'messages' list")
+        raise ValueError("expected a 'conversations' (ShareGPT) or 'messages' list, or a 'prompt' string")
     msgs = []
     for role, content in raw:
         r = ROLES.get(str(role).lower())
@@ -50,7 +56,8 @@ def parse_record(rec: dict, fallback_id: str) -> Conversation:
 
 
 def read_prompts(path: str | Path, limit: int = 0) -> Iterator[Conversation]:
-    """Conversations with at least one user turn; ids default to the 0-based line number."""
+    """Conversations with at least one user turn, and non-empty raw prompts; ids default to the
+    0-based line number."""
     n = 0
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f):
@@ -61,12 +68,19 @@ def read_prompts(path: str | Path, limit: int = 0) -> Iterator[Conversation]:
                 conv = parse_record(json.loads(line), str(lineno))
             except (json.JSONDecodeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{path}:{lineno + 1}: {e}") from None
-            if conv.user_turns == 0:
+            if conv.user_turns == 0 and not conv.raw_prompt:
                 continue
             yield conv
             n += 1
             if limit and n >= limit:
                 return
+
+
+def raw_prompt_ids(tok, text: str) -> list[int]:
+    """A raw prompt's token ids as /v1/completions makes them (server/prompts.py): with the
+    tokenizer's own special tokens, i.e. BOS only where the model adds one (SmolLM2 does not:
+    its `tokenizer.ggml.add_bos_token` is false)."""
+    return list(tok.encode(text, add_special_tokens=True))
 
 
 def count_lines(path: str | Path) -> int:

@@ -1,10 +1,10 @@
 """Tokenized conversations in safetensors shards: the training set, cheap to write and read.
 
-Each shard holds `input_ids` (int32) and `loss_mask` (uint8, 1 on assistant tokens) of many
-conversations back to back, and `offsets` (int64 [n + 1]). Training reads single
-conversations as lazy slices of the memory-mapped files, so data sets far larger than RAM
-work. Shard k holds lines [k * S, (k + 1) * S) of `generated.jsonl`, which only grows, so a
-rerun rewrites only the last, partial shard and any new ones.
+Each shard holds `input_ids` (int32) and `loss_mask` (uint8, 1 on assistant tokens, or on a
+raw prompt's completion) of many conversations back to back, and `offsets` (int64 [n + 1]).
+Training reads single conversations as lazy slices of the memory-mapped files, so data sets
+far larger than RAM work. Shard k holds lines [k * S, (k + 1) * S) of `generated.jsonl`, which
+only grows, so a rerun rewrites only the last, partial shard and any new ones.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
+
+from drafter.prompts import raw_prompt_ids
 
 SHARD_DIR = "shards"
 
@@ -63,11 +65,22 @@ def _plan(tok, messages: list[dict], completion_ids: list | None) -> list[tuple[
     return pieces
 
 
+def _raw_plan(tok, rec: dict) -> list[tuple[str, object, int]]:
+    """A completion-style record as the target saw it: the prompt's ids as /v1/completions makes
+    them (mask 0), then what it generated (mask 1): the exact ids with their stop token, or else
+    the completion's text."""
+    ids = (rec.get("completion_ids") or [None])[0]
+    completion = ("ids", list(ids), 1) if ids is not None else ("text", rec["completion"], 1)
+    return [("ids", raw_prompt_ids(tok, rec["prompt"]), 0), completion]
+
+
 def tokenize_batch(tok, records: list[dict]) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, loss_mask) per conversation record; mask 1 on assistant tokens (content and
-    end-of-turn marker). Exact completion ids are used where the record has them; otherwise the
-    rendered text is tokenized whole and tokens starting inside an assistant span are masked."""
-    plans = [_plan(tok, r["messages"], r.get("completion_ids")) for r in records]
+    """(input_ids, loss_mask) per record; mask 1 on assistant tokens (content and end-of-turn
+    marker), or on a raw prompt's completion. Exact completion ids are used where the record has
+    them; otherwise the rendered text is tokenized whole and tokens starting inside an assistant
+    span are masked."""
+    plans = [_plan(tok, r["messages"], r.get("completion_ids")) if "messages" in r else _raw_plan(tok, r)
+             for r in records]
     texts = [v[0] if k == "offsets" else v for p in plans for k, v, _ in p if k in ("text", "offsets")]
     enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else {"input_ids": []}
     it = iter(zip(enc["input_ids"], enc.get("offset_mapping", [])))

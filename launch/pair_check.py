@@ -92,8 +92,10 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
 def check_checkpoint_files(model_path: str, draft_path: str | None) -> str:
     """Raise CheckpointError unless the target (and drafter) directories hold a readable
     config.json with the fields serving needs and complete safetensors files (headers only:
-    seconds even for a sharded 1 TB checkpoint). Returns a one-line summary."""
+    seconds even for a sharded 1 TB checkpoint), or a complete GGUF file for the target.
+    Returns a one-line summary."""
     from models.eagle3_checkpoint import config_from_hf
+    from models.gguf import gguf_file, read_checked_header
     from models.safetensors_io import check_safetensors, weight_files
 
     parts = []
@@ -102,13 +104,17 @@ def check_checkpoint_files(model_path: str, draft_path: str | None) -> str:
             continue
         try:
             cfg = read_config(path)
-            source = str(Path(path) / "config.json")
+            gguf = gguf_file(path)
+            source = str(gguf or Path(path) / "config.json")
             if role == "target":
                 target_shape(cfg, source)
             else:
                 config_from_hf(cfg, source)
-            files = weight_files(path)
-            tensors = sum(check_safetensors(f) for f in files)
+            if gguf is not None:  # the header check finds truncated tensor data too
+                files, tensors = [gguf], len(read_checked_header(gguf).tensors)
+            else:
+                files = weight_files(path)
+                tensors = sum(check_safetensors(f) for f in files)
         except (ValueError, FileNotFoundError) as e:  # PairMismatch is a ValueError
             raise CheckpointError(f"{role} checkpoint: {e}") from e
         parts.append(f"{role} {len(files)} file{'s' if len(files) > 1 else ''}, {tensors} tensors")
