@@ -2,7 +2,8 @@
 
 For each N, `drafter train --limit-samples N` (the first N conversations, `--epochs` passes),
 `drafter export`, then `drafter eval` on held-out prompts at steps 1..6. `--jobs` trains that
-many sizes at once (on one GPU, small drafters leave it mostly idle one at a time).
+many sizes at once, each followed by its eval (on one GPU, a small drafter's run leaves it
+mostly idle).
 Resumable: an N whose eval JSON exists is skipped, a run directory is resumed. Writes a JSON
 table, markdown and a PNG plot to --out-dir.
 
@@ -51,7 +52,7 @@ def eval_one(a, n: int, draft: Path, work: Path) -> list[dict]:
     if not result.is_file():
         run(["eval", "--target", a.target, "--draft", str(draft), "--prompts", a.prompts, "--steps", a.steps,
              "--max-tokens", str(a.max_tokens), "--limit", str(a.eval_prompts), "--device", a.device,
-             "--max-batch", str(a.eval_prompts), "--out", str(result)])
+             "--max-batch", str(a.eval_prompts or 256), "--out", str(result)], work / f"eval_{n}.log")
     return json.loads(result.read_text())
 
 
@@ -96,13 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in a.sizes.split(",")]
     with ThreadPoolExecutor(a.jobs) as pool:
-        drafts = list(pool.map(lambda n: train_one(a, n, work), sizes))
-    rows = []
-    for n, draft in zip(sizes, drafts):
-        rows += [{"samples": n, "steps": r["steps"], "accept_length": r["accept_length"],
-                  "per_position": r["per_position"]} for r in eval_one(a, n, draft, work)]
-        (out / "data_scaling.json").write_text(json.dumps({"command": " ".join(sys.argv), "args": vars(a),
-                                                            "rows": rows}, indent=2) + "\n")
+        evals = list(pool.map(lambda n: eval_one(a, n, train_one(a, n, work), work), sizes))
+    rows = [{"samples": n, "steps": r["steps"], "accept_length": r["accept_length"], "per_position": r["per_position"]}
+            for n, results in zip(sizes, evals) for r in results]
+    (out / "data_scaling.json").write_text(json.dumps({"command": " ".join(sys.argv), "args": vars(a),
+                                                        "rows": rows}, indent=2) + "\n")
     steps = sorted({r["steps"] for r in rows})
     lines = ["| samples | " + " | ".join(f"{s} steps" for s in steps) + " |",
              "|---|" + "---|" * len(steps)]

@@ -29,9 +29,10 @@ def cmd_data(a) -> int:
     stats = run_data(DataConfig(
         prompts=a.prompts, out=a.out, endpoint=a.endpoint, model=a.model, api_key=a.api_key, target=a.target,
         tokenizer=a.tokenizer, keep_responses=a.keep_responses, request_token_ids=a.request_token_ids,
-        gen=GenParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, max_turns=a.max_turns),
-        concurrency=a.concurrency, retries=a.retries, timeout_s=a.timeout, limit=a.limit, shard_size=a.shard_size,
-        device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context))
+        gen=GenParams(max_tokens=a.max_tokens, raw_max_tokens=a.raw_max_tokens, temperature=a.temperature,
+                      top_p=a.top_p, max_turns=a.max_turns),
+        concurrency=a.concurrency, retries=a.retries, timeout_s=a.timeout, limit=a.limit, time_limit_s=a.time_limit,
+        shard_size=a.shard_size, device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context))
     print(json.dumps(stats))
     return 0
 
@@ -52,7 +53,7 @@ def cmd_prompts(a) -> int:
                              max_tokens=a.max_tokens, max_repeat_ratio=a.max_repeat_ratio,
                              near_duplicate=a.near_duplicate),
         concurrency=a.concurrency, max_requests=a.max_requests, device=a.device, dtype=a.dtype,
-        max_batch=a.max_batch, max_context=a.max_context)
+        max_batch=a.max_batch, max_context=a.max_context, time_limit_s=a.time_limit)
     print(json.dumps(run_prompts(c)))
     return 0
 
@@ -158,6 +159,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", default="auto")
     pr.add_argument("--dtype", default="auto")
     pr.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
+    pr.add_argument("--time-limit", type=float, default=0, help="seconds; then stop, keeping what is written (a rerun continues)")
     pr.add_argument("--max-context", type=int, default=0,
                     help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     pr.set_defaults(fn=cmd_prompts)
@@ -174,6 +176,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--request-token-ids", action="store_true",
                    help="send return_token_ids (vLLM extension) and train on the exact generated ids")
     d.add_argument("--max-tokens", type=int, default=2048)
+    d.add_argument("--raw-max-tokens", type=int, default=256, help="tokens to continue a raw (completion) prompt")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     d.add_argument("--top-p", type=float, default=1.0)
     d.add_argument("--max-turns", type=int, default=0, help="user turns to answer per conversation (0: all)")
@@ -185,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="auto")
     d.add_argument("--dtype", default="auto")
     d.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
+    d.add_argument("--time-limit", type=float, default=0, help="seconds; then stop, keeping what is written (a rerun continues)")
     d.add_argument("--max-context", type=int, default=0,
                    help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     d.set_defaults(fn=cmd_data)

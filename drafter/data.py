@@ -35,6 +35,7 @@ class DataConfig:
     retries: int = 5
     timeout_s: float = 600.0
     limit: int = 0
+    time_limit_s: float = 0           # > 0: stop generating after this long, shard what is answered
     shard_size: int = 10000
     device: str = "auto"
     dtype: str = "auto"
@@ -54,7 +55,7 @@ async def _generate(c: DataConfig, out: Path) -> dict:
         total = count_lines(c.prompts)
         total = min(total, c.limit) if c.limit else total
         return await regenerate(read_prompts(c.prompts, c.limit), backend, out, c.gen or GenParams(),
-                                concurrency=c.concurrency, total=total)
+                                concurrency=c.concurrency, total=total, time_limit_s=c.time_limit_s)
     finally:
         await backend.close()
 

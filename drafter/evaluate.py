@@ -38,15 +38,13 @@ def _prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-async def _eval_one(target: str, draft: str, steps: int, prompts: list[list[dict] | str], max_tokens: int,
-                    device: str, dtype: str, max_batch: int, max_context: int) -> EvalResult:
+async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: int) -> EvalResult:
+    """One step count: an engine over the already loaded models, every prompt at once."""
     from engine.api import SamplingParams
-    from engine.decoder import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine
+    from engine.loading import build_engine
 
-    engine = build_engine(NativeEngineArgs(model=target, draft=draft, spec=SpecConfig(steps=steps), device=device,
-                                           dtype=dtype, max_batch=max_batch, max_context=max_context,
-                                           max_waiting=1 << 30))
+    engine = build_engine(args, loaded)
+    draft, steps = args.draft, args.spec.steps
     await engine.start()
     tok = engine.tokenizer
     bar = tqdm(total=len(prompts), desc=f"eval {Path(draft).name} steps={steps}", unit="prompt")
@@ -85,10 +83,19 @@ async def _eval_one(target: str, draft: str, steps: int, prompts: list[list[dict
 def evaluate(target: str, drafts: list[str], prompts_file: str, steps: list[int], *, max_tokens: int = 256,
              limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16,
              max_context: int = 2048) -> list[EvalResult]:
+    from engine.decoder import SpecConfig
+    from engine.loading import LoadedModels, NativeEngineArgs
+
     prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt()
                for c in read_prompts(prompts_file, limit)]
-    return [asyncio.run(_eval_one(target, d, s, prompts, max_tokens, device, dtype, max_batch, max_context))
-            for d in drafts for s in steps]
+    results = []
+    for d in drafts:  # each drafter loads once; each step count gets a fresh engine over it
+        args = [NativeEngineArgs(model=target, draft=d, spec=SpecConfig(steps=s), device=device, dtype=dtype,
+                                 max_batch=min(max_batch, len(prompts)),  # the KV cache: max_batch rows
+                                 max_context=max_context, max_waiting=1 << 30) for s in steps]
+        loaded = LoadedModels.load(args[0])
+        results += [asyncio.run(_eval_one(a, loaded, prompts, max_tokens)) for a in args]
+    return results
 
 
 def table(results: list[EvalResult]) -> str:

@@ -9,8 +9,10 @@ a rerun skips the ids already there.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from drafter.prompts import Conversation, raw_prompt_ids
 @dataclass
 class GenParams:
     max_tokens: int = 2048
+    raw_max_tokens: int = 256   # for raw prompts: a continuation has no end of turn and often runs to its cap
     temperature: float = 0.0
     top_p: float = 1.0
     max_turns: int = 0          # regenerate at most this many user turns per conversation (0: all)
@@ -197,7 +200,7 @@ async def regenerate_one(conv: Conversation, backend: Backend, p: GenParams) -> 
     has them: decoding then re-encoding text can split tokens differently (or lose partial
     UTF-8), and the drafter must see what the target saw."""
     if conv.raw_prompt is not None:
-        c = await backend.complete_raw(conv.raw_prompt, p)
+        c = await backend.complete_raw(conv.raw_prompt, dataclasses.replace(p, max_tokens=p.raw_max_tokens))
         rec = {"id": conv.id, "prompt": conv.raw_prompt, "completion": c.text, "finish_reasons": [c.finish_reason]}
         if c.token_ids is not None:
             rec["completion_ids"] = [c.token_ids]
@@ -238,14 +241,29 @@ def done_ids(path: Path) -> set[str]:
     return ids
 
 
+async def within(time_limit_s: float, coro) -> bool:
+    """Await `coro`; with a limit > 0, cancel it once the limit has passed (a time-boxed run:
+    what is written stays, requests in flight are aborted). True if it finished."""
+    if time_limit_s <= 0:
+        await coro
+        return True
+    try:
+        await asyncio.wait_for(coro, time_limit_s)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
 async def regenerate(convs: Iterable[Conversation], backend: Backend, out: Path, p: GenParams,
-                     concurrency: int = 64, total: int | None = None) -> dict:
-    """Stream conversations through `concurrency` workers; append each result as it finishes."""
+                     concurrency: int = 64, total: int | None = None, time_limit_s: float = 0) -> dict:
+    """Stream conversations through `concurrency` workers; append each result as it finishes.
+    Stats count this run's conversations and generated tokens (exact ids) and its seconds."""
     done = done_ids(out)
     failures = out.with_name(out.stem + ".failed.jsonl")
-    stats = {"skipped": 0, "generated": 0, "failed": 0}
+    stats = {"skipped": 0, "generated": 0, "failed": 0, "generated_tokens": 0}
     queue: asyncio.Queue = asyncio.Queue(maxsize=2 * concurrency)
     bar = tqdm(total=total, desc="regenerate", unit="conv")
+    t0 = time.monotonic()
     with open(out, "a", encoding="utf-8") as f, open(failures, "a", encoding="utf-8") as ff:
         async def worker():
             while (conv := await queue.get()) is not None:
@@ -257,12 +275,12 @@ async def regenerate(convs: Iterable[Conversation], backend: Backend, out: Path,
                     ff.flush()
                 else:
                     stats["generated"] += 1
+                    stats["generated_tokens"] += sum(len(ids or ()) for ids in rec.get("completion_ids", ()))
                     f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     f.flush()
                 bar.update(1)
 
-        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
-        try:
+        async def feed():
             for conv in convs:
                 if conv.id in done:
                     stats["skipped"] += 1
@@ -273,8 +291,16 @@ async def regenerate(convs: Iterable[Conversation], backend: Backend, out: Path,
             for _ in workers:
                 await queue.put(None)
             await asyncio.gather(*workers)
+
+        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        try:
+            stats["finished"] = await within(time_limit_s, feed())
         finally:
             for w in workers:
                 w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
             bar.close()
+    seconds = time.monotonic() - t0
+    stats.update(seconds=round(seconds, 1), conversations_per_s=round(stats["generated"] / seconds, 2),
+                 generated_tokens_per_s=round(stats["generated_tokens"] / seconds, 1))
     return stats

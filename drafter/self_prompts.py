@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from drafter.generate import Completion, GenerationFailed, GenParams, done_ids, make_backend
+from drafter.generate import Completion, GenerationFailed, GenParams, done_ids, make_backend, within
 from drafter.prompt_filter import Deduplicator, FilterConfig, reject_reason
 from drafter.prompts import Conversation, count_lines, read_prompts
 from drafter.user_turn import end_of_turn_ids, template_markers, user_turn
@@ -75,6 +76,7 @@ class PromptsConfig:
     dtype: str = "auto"
     max_batch: int = 16
     max_context: int = 0              # 0: the model's (the KV cache holds max_batch rows of it)
+    time_limit_s: float = 0           # > 0: stop after this long (a rerun continues)
 
 
 @dataclass
@@ -232,7 +234,7 @@ async def _write_prompts(c: PromptsConfig, w: _Writer) -> int:
             bar.set_postfix(dropped=sum(w.reasons.values()), refresh=False)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(c.concurrency)))
+        await within(c.time_limit_s, asyncio.gather(*(worker() for _ in range(c.concurrency))))
     finally:
         bar.close()
         await backend.close()
@@ -252,7 +254,10 @@ def run_prompts(c: PromptsConfig) -> dict:
     with open(out, "a", encoding="utf-8") as f, open(rejected_path, "a", encoding="utf-8") as fr:
         stats = _mix(c.mix, f, st) if c.mix else {}
         w = _Writer(c, tok, st, f, fr)
+        t0 = time.monotonic()
         requests = asyncio.run(_write_prompts(c, w)) if st.written < c.num else 0
+        seconds = time.monotonic() - t0
     # this run: requests, chat and completion records written, drops by reason; then the file's totals
     return {**stats, "requests": requests, "chat": w.kinds["chat"], "completion": w.kinds["completion"],
-            "rejected": dict(w.reasons), "written_total": st.written, "records": count_lines(out)}
+            "rejected": dict(w.reasons), "written_total": st.written, "records": count_lines(out),
+            "seconds": round(seconds, 1), "requests_per_s": round(requests / max(seconds, 1e-9), 1)}

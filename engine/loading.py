@@ -108,12 +108,27 @@ def engine_info(args: NativeEngineArgs) -> EngineInfo:
                       topk=spec.topk if spec else 0, draft_tokens=spec.num_draft_tokens if spec else 0)
 
 
-def build_engine(args: NativeEngineArgs) -> NativeEngine:
-    """The native engine in this process (a thread): for tools, benchmarks and tests."""
+@dataclass
+class LoadedModels:
+    """Models and tokenizer loaded once and reused by engines of several settings (evals, sweeps)."""
+    target: LlamaModel
+    drafter: Eagle3Drafter | None
+    device: torch.device
+    tokenizer: object
+
+    @classmethod
+    def load(cls, args: NativeEngineArgs) -> "LoadedModels":
+        return cls(*load_models(args), load_tokenizer(args.model))
+
+
+def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> NativeEngine:
+    """The native engine in this process (a thread): for tools, benchmarks and tests. With
+    `loaded` (from the same model paths), it reuses those models instead of loading them."""
     info = engine_info(args)
 
     def load():
-        target, drafter, device = load_models(args)
+        models = loaded or LoadedModels.load(args)
+        target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile)
         if args.compile:
@@ -125,7 +140,7 @@ def build_engine(args: NativeEngineArgs) -> NativeEngine:
         info.extra = {"dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."), "model_path": args.model,
                       "draft_path": args.draft or ""}
         log.info("loaded %s on %s (speculative=%s)", args.model, device, info.speculative)
-        return decoder, load_tokenizer(args.model), info
+        return decoder, models.tokenizer, info
 
     return NativeEngine(load, info, max_waiting=args.max_waiting, prefill_tokens=args.prefill_tokens,
                         prefill_min_rows=args.prefill_min_rows)

@@ -74,7 +74,8 @@ def test_endpoint_concurrency_retries_and_resume(tmp_path):
             await b.close()
 
     stats = asyncio.run(run({"q1", "q5"}, {"q7"}))
-    assert stats == {"skipped": 0, "generated": 11, "failed": 1}
+    assert {k: stats[k] for k in ("skipped", "generated", "failed", "finished")} == {
+        "skipped": 0, "generated": 11, "failed": 1, "finished": True}
     assert state["max_inflight"] <= 3
     assert state["calls"] == 12 + 2                       # two retried once, the rejected one not retried
     recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -86,7 +87,8 @@ def test_endpoint_concurrency_retries_and_resume(tmp_path):
         f.write('{"id": "c9", "mess')
     state["calls"] = 0
     stats = asyncio.run(run(set(), set()))
-    assert stats == {"skipped": 11, "generated": 1, "failed": 0} and state["calls"] == 1
+    assert {k: stats[k] for k in ("skipped", "generated", "failed")} == {"skipped": 11, "generated": 1, "failed": 0}
+    assert state["calls"] == 1
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == sorted(f"c{i}" for i in range(12))
 
@@ -141,3 +143,31 @@ def test_shards_resume_and_lazy_reads(tok, tmp_path):
     expected, _ = tokenize_batch(tok, [json.loads(rec(3))])[0]
     assert ids.tolist() == expected and mask.dtype.is_floating_point is False
     assert json.loads((tmp_path / "index.json").read_text())["records"] == 4
+
+
+def test_time_limited_regeneration_keeps_whole_records_and_resumes(tmp_path):
+    """A time-boxed run (a device call) stops with whole records written and the rest aborted
+    in the engine; a rerun answers only the conversations still missing."""
+    from drafter.generate import NativeBackend
+    from tests.tiny import make_target_dir
+    target = make_target_dir(tmp_path / "target", init_std=0.2)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+                               for i in range(6)))
+    out = tmp_path / "generated.jsonl"
+
+    async def run(limit):
+        b = NativeBackend(str(target), device="cpu", max_batch=1)
+        await b.start()
+        try:
+            return await regenerate(read_prompts(prompts), b, out, GenParams(max_tokens=400), concurrency=1,
+                                    time_limit_s=limit)
+        finally:
+            await b.close()
+
+    first = asyncio.run(run(0.5))
+    assert not first["finished"] and first["generated"] < 6
+    second = asyncio.run(run(0))
+    assert second["finished"] and second["skipped"] == first["generated"]
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == [f"c{i}" for i in range(6)]
