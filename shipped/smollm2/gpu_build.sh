@@ -19,8 +19,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 W=runs/smollm2; mkdir -p $W
 GGUF=$W/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-N_PROMPTS=${N_PROMPTS:-80000}; PROMPTS_S=${PROMPTS_S:-170}; DATA_S=${DATA_S:-300}
-MAX_TOKENS=${MAX_TOKENS:-1024}; BATCH=${BATCH:-512}; VOCAB=${VOCAB:-8192}
+N_PROMPTS=${N_PROMPTS:-80000}; PROMPTS_S=${PROMPTS_S:-150}; DATA_S=${DATA_S:-300}
+MAX_TOKENS=${MAX_TOKENS:-1024}; BATCH=${BATCH:-1024}; VOCAB=${VOCAB:-8192}
 SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-auto}; TRAIN_S=${TRAIN_S:-400}; LR=${LR:-1e-3}
 TRAIN_BATCH=${TRAIN_BATCH:-32}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
@@ -44,7 +44,7 @@ data() {
     wheels; assemble
     log "prompts: $N_PROMPTS, at most ${PROMPTS_S}s"
     python3 -m drafter prompts --target $W/target --out $W/prompts.jsonl --num "$N_PROMPTS" --time-limit "$PROMPTS_S" \
-      --max-tokens 256 --max-batch "$BATCH" --max-context 1024 --concurrency $((4 * BATCH)) --device "$DEVICE" > $W/prompts.log 2>&1
+      --max-tokens 256 --max-batch "$BATCH" --max-context 512 --concurrency $((4 * BATCH)) --device "$DEVICE" > $W/prompts.log 2>&1
     tail -1 $W/prompts.log | tee $W/prompts_stats.json
     log "answers: max $MAX_TOKENS tokens, at most ${DATA_S}s"
     python3 -m drafter data --prompts $W/prompts.jsonl --out $W/data --target $W/target --time-limit "$DATA_S" \
