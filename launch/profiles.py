@@ -205,7 +205,8 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
         put("model", "draft", o.draft if o.draft.startswith(PYPI) else str(cwd / o.draft), "--draft")
     if o.no_spec:
         put("speculative", "enabled", False, "--no-spec")
-    if o.steps is not None:
+    if o.steps is not None:  # asking for steps asks for speculation
+        put("speculative", "enabled", True, "--steps")
         put("speculative", "steps", o.steps, "--steps")
     if o.topk is not None:
         put("speculative", "topk", o.topk, "--topk")

@@ -110,7 +110,7 @@ def test_no_profile_and_no_gpu_picks_cpu_default(capsys, environ_restored, tmp_p
 ])
 def test_a_drafter_that_does_not_fit_stops_the_launch(capsys, environ_restored, tmp_path, drafter, msg):
     t, d = llama_target(tmp_path / "t"), eagle3_drafter(tmp_path / "d", **drafter)
-    rc, out, err = run_cli(capsys, "--profile", "cpu-default", "--model", str(t), "--draft", str(d))
+    rc, out, err = run_cli(capsys, "--profile", "cpu-default", "--steps", "3", "--model", str(t), "--draft", str(d))
     assert rc == 2
     assert str(d / "config.json") in err and str(t / "config.json") in err
     for m in msg:

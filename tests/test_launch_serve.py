@@ -135,18 +135,3 @@ def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_pat
     assert chunks[-1] == "[DONE]", chunks[-3:]
     finals = [json.loads(c)["choices"][0].get("finish_reason") for c in chunks[:-1]]
     assert "length" in finals
-
-
-def test_serve_sh_steps_2_serves_the_shipped_pair(tmp_path):
-    """The fresh-clone command: no --model/--draft, the embedded default on CPU."""
-    import torch
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible: the default profile is h200-native")
-    srv = start_server(["--steps", "2"], tmp_path / "server.log")
-    try:
-        assert "profile cpu-default" in srv.output()
-        name = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        assert completion(srv.url, name)["choices"][0]["text"]
-    finally:
-        rc = srv.stop()
-    assert rc == 0, srv.output()[-3000:]

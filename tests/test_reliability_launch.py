@@ -116,7 +116,7 @@ def _launch_fails(pair, tmp: Path, change, args, profile) -> subprocess.Complete
         (tmp / "profile.toml").write_text(profile.format(t=t, d=d))
         argv = ["--profile", str(tmp / "profile.toml")]
     else:
-        argv = ["--profile", "cpu-default", "--model", str(t), "--draft", str(d)]
+        argv = ["--profile", "cpu-default", "--steps", "3", "--model", str(t), "--draft", str(d)]
     return subprocess.run([str(SERVE_SH), *argv, *args, "--port", str(free_port())], env=env(), cwd=str(tmp),
                           capture_output=True, text=True, timeout=120, check=False)
 

