@@ -43,6 +43,7 @@ serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
 test: install-dev
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed:

@@ -19,7 +19,6 @@ from engine.sampling import BatchSampling  # noqa: E402
 from models.eagle3 import Eagle3Config, Eagle3Drafter  # noqa: E402
 from models.llama import LlamaConfig, LlamaModel  # noqa: E402
 
-
 # (steps, batch) also run compiled, fp32, at batch 1: there one-token GEMVs are Triton reductions
 # (models.layers.Linear). Compiling takes about two minutes per case with the
 # engine's inductor options.

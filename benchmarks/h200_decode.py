@@ -27,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.engine_speed import decode_once  # noqa: E402
+from benchmarks.shapes import weight_bytes  # noqa: E402
 from engine import decoder  # noqa: E402
 from engine.decoder import BatchDecoder  # noqa: E402
 from engine.masks import block_inputs, causal  # noqa: E402
-from benchmarks.engine_speed import decode_once  # noqa: E402
-from benchmarks.shapes import weight_bytes  # noqa: E402
 from models.eagle3 import Eagle3Config, Eagle3Drafter  # noqa: E402
 from models.layers import Linear, fuse_projections  # noqa: E402
 from models.llama import LlamaConfig, LlamaModel  # noqa: E402
@@ -199,7 +199,8 @@ def measure_ours(ours, args, res: dict, record, save) -> None:
 @torch.inference_mode()
 def measure_hf_eager(hf, args, res: dict, save) -> None:
     """transformers' default `generate` and assisted generation (a 2-layer draft of the same shape)."""
-    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+    from transformers import LlamaConfig as HFConfig
+    from transformers import LlamaForCausalLM
 
     res["hf_default_tok_s"] = hf_generate(hf, args.prompt_len, args.new_tokens)
     log(f"hf default {res['hf_default_tok_s']:.1f}")
@@ -230,7 +231,8 @@ def main() -> None:
     res["copy_bandwidth_Bps"] = copy_bandwidth()
     log(f"copy bandwidth {res['copy_bandwidth_Bps'] / 1e12:.2f} TB/s")
     torch.manual_seed(0)
-    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+    from transformers import LlamaConfig as HFConfig
+    from transformers import LlamaForCausalLM
     hf_cfg = HFConfig(**{k: v for k, v in SHAPE.items()}, tie_word_embeddings=False)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):

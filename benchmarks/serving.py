@@ -73,7 +73,7 @@ class BenchConfig:
 def load_prompts(path: str | None, n: int) -> list[dict]:
     """Records with `messages` (chat) or `prompt` (text); cycled to n. Held-out set by default."""
     p = Path(path) if path else (HELDOUT if HELDOUT.is_file() else None)
-    recs = [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p else [FALLBACK_PROMPT]
+    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p else [FALLBACK_PROMPT]
     recs = [r for r in recs if "messages" in r or "prompt" in r]
     if not recs:
         raise ValueError(f"{p}: no records with 'messages' or 'prompt'")
@@ -237,7 +237,10 @@ def markdown(result: dict) -> str:
     head = (f"# Serving benchmark\n\n`{result['provenance']['command']}`\n\n"
             f"{c['base_url']}, max concurrency {c['max_concurrency']}, request rate {c['request_rate']}, "
             f"{c['num_prompts']} prompts, max_tokens {c['max_tokens']}, temperature {c['temperature']}\n\n")
-    acc = lambda v: f"{v:.3f}" if v is not None else "-"
+
+    def acc(v):
+        return f"{v:.3f}" if v is not None else "-"
+
     totals = md_table(["completed", "failed", "duration s", "req/s", "output tok/s", "total tok/s",
                        "accept length (responses)", "accept length (/metrics)"],
                       [[s["completed"], s["failed"], s["duration_s"], s["request_throughput"],

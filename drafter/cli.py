@@ -82,7 +82,8 @@ def cmd_train(a) -> int:
         intermediate_size=a.intermediate_size, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
         head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
         warmup_steps=a.warmup_steps, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
-        batch_size=a.batch_size, grad_accum=a.grad_accum, max_length=a.max_length, epochs=a.epochs, limit_samples=a.limit_samples,
+        batch_size=a.batch_size, grad_accum=a.grad_accum, max_length=a.max_length, epochs=a.epochs,
+        limit_samples=a.limit_samples,
         max_steps=a.max_steps, stop_at=a.stop_at, save_every=a.save_every, keep_checkpoints=a.keep,
         log_every=a.log_every,
         seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
@@ -159,13 +160,15 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", default="auto")
     pr.add_argument("--dtype", default="auto")
     pr.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
-    pr.add_argument("--time-limit", type=float, default=0, help="seconds; then stop, keeping what is written (a rerun continues)")
+    pr.add_argument("--time-limit", type=float, default=0,
+                    help="seconds; then stop, keeping what is written (a rerun continues)")
     pr.add_argument("--max-context", type=int, default=0,
                     help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     pr.set_defaults(fn=cmd_prompts)
 
     d = sub.add_parser("data", help="prompts -> target-regenerated, tokenized, sharded conversations")
-    d.add_argument("--prompts", required=True, help="ShareGPT JSONL, or JSONL of {'messages': [...]} or of raw {'prompt': str}")
+    d.add_argument("--prompts", required=True,
+                   help="ShareGPT JSONL, or JSONL of {'messages': [...]} or of raw {'prompt': str}")
     d.add_argument("--out", required=True, help="data directory (generated.jsonl, shards/)")
     d.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
     d.add_argument("--model", help="model name at the endpoint")
@@ -188,7 +191,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="auto")
     d.add_argument("--dtype", default="auto")
     d.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
-    d.add_argument("--time-limit", type=float, default=0, help="seconds; then stop, keeping what is written (a rerun continues)")
+    d.add_argument("--time-limit", type=float, default=0,
+                   help="seconds; then stop, keeping what is written (a rerun continues)")
     d.add_argument("--max-context", type=int, default=0,
                    help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     d.set_defaults(fn=cmd_data)
@@ -247,7 +251,9 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="accept length through the native engine")
     ev.add_argument("--target", required=True)
     ev.add_argument("--draft", required=True, action="append", help="drafter directory (repeat to compare)")
-    ev.add_argument("--prompts", required=True, help="prompt file (first user turn of each conversation; raw prompts without the template)")
+    ev.add_argument("--prompts", required=True,
+                    help="prompt file (first user turn of each conversation; "
+                         "raw prompts without the template)")
     ev.add_argument("--steps", default="1,2,3", help="comma-separated speculative step counts")
     ev.add_argument("--max-tokens", type=int, default=256)
     ev.add_argument("--limit", type=int, default=0)

@@ -11,7 +11,6 @@ import torch
 
 from engine.api import EngineInfo
 from engine.decoder import BatchDecoder, SpecConfig
-from engine.process import EngineProcess
 from engine.scheduler import NativeEngine
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
@@ -144,9 +143,3 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
 
     return NativeEngine(load, info, max_waiting=args.max_waiting, prefill_tokens=args.prefill_tokens,
                         prefill_min_rows=args.prefill_min_rows)
-
-
-def build_engine_process(args: NativeEngineArgs, log_format: str | None = None,
-                         log_level: str = "info") -> EngineProcess:
-    """The native engine in a child process, as the server runs it (engine/process.py)."""
-    return EngineProcess(args, engine_info(args), log_format=log_format, log_level=log_level)

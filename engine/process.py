@@ -25,6 +25,7 @@ import threading
 from multiprocessing.connection import Connection
 
 from engine.api import EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams, stream_outputs
+from engine.loading import NativeEngineArgs, build_engine, engine_info
 
 log = logging.getLogger("specserve.engine")
 
@@ -170,8 +171,6 @@ def child_main(args, conn: Connection, log_config: tuple[str | None, str]) -> No
     log_format, log_level = log_config
     logging.basicConfig(format=log_format or logging.BASIC_FORMAT)
     logging.getLogger("specserve").setLevel(log_level.upper())
-    from engine.loading import build_engine
-
     side = _EngineSide(build_engine(args), conn)
     try:
         side.engine.start_blocking()
@@ -231,3 +230,9 @@ class _EngineSide:
                                emit=lambda out: self.outbox.append((request_id, out)))
         except EngineError as e:
             self.send(("refused", request_id, isinstance(e, EngineOverloaded), str(e)))
+
+
+def build_engine_process(args: NativeEngineArgs, log_format: str | None = None,
+                         log_level: str = "info") -> EngineProcess:
+    """The native engine in a child process, as the server runs it."""
+    return EngineProcess(args, engine_info(args), log_format=log_format, log_level=log_level)

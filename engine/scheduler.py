@@ -22,8 +22,15 @@ from typing import AsyncIterator, Callable
 
 import torch
 
-from engine.api import (EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams,
-                        SpecStats, stream_outputs)
+from engine.api import (
+    EngineError,
+    EngineInfo,
+    EngineOverloaded,
+    GenerationOutput,
+    SamplingParams,
+    SpecStats,
+    stream_outputs,
+)
 from engine.decoder import BatchDecoder, InFlight
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling import BatchSampling

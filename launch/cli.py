@@ -123,7 +123,8 @@ def launch_info(launch: Launch) -> dict[str, str]:
     """Labels for specserve_launch_info: the effective profile, parameters and NCCL settings."""
     p = launch.profile
     s = p.speculative
-    info = {"profile": p.name, "engine": p.engine, "model": p.server.served_model_name or os.path.basename(p.model.path),
+    info = {"profile": p.name, "engine": p.engine,
+            "model": p.server.served_model_name or os.path.basename(p.model.path),
             "draft": os.path.basename(p.model.draft or "") if p.spec_enabled else "",
             "steps": str(s.steps if p.spec_enabled else 0), "topk": str(s.topk if p.spec_enabled else 0),
             "draft_tokens": str(s.draft_tokens if p.spec_enabled else 0), "tp": str(p.parallel.tp),
@@ -203,7 +204,7 @@ def run(launch: Launch, plan: Plan) -> int:
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv])
     if plan.kind == "native":
-        from engine.loading import build_engine_process
+        from engine.process import build_engine_process
         from server.main import LOG_FORMAT
         engine = build_engine_process(plan.native_args, log_format=LOG_FORMAT, log_level=p.server.log_level)
     else:

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from engine.decoder import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine_process
+    from engine.loading import NativeEngineArgs
+    from engine.process import build_engine_process
 
     for flag, path in (("--model", args.model), ("--draft", args.draft)):
         if path and not os.path.isfile(os.path.join(path, "config.json")):

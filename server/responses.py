@@ -19,9 +19,18 @@ from starlette.responses import StreamingResponse
 from engine.api import GenerationOutput
 from server.errors import APIError
 from server.generation import Generation
-from server.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-                             ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionResponse,
-                             SpecDecodingUsage, Usage)
+from server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChoice,
+    CompletionResponse,
+    SpecDecodingUsage,
+    Usage,
+)
 
 log = logging.getLogger("specserve.server")
 

@@ -194,7 +194,7 @@ def short_doc(doc: str) -> str:
 
 
 def code_key(code: str) -> str:
-    return hashlib.sha1("\n".join(l.rstrip() for l in code.strip().splitlines()).encode()).hexdigest()
+    return hashlib.sha1("\n".join(line.rstrip() for line in code.strip().splitlines()).encode()).hexdigest()
 
 
 def functions(tree: ast.Module):
@@ -419,7 +419,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     manifest = {
         "script": "shipped/build_corpus.py",
-        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:])),
+        "command": "python " + " ".join([os.path.relpath(__file__, REPO)]
+                                        + (argv if argv is not None else sys.argv[1:])),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "build_seconds": round(time.time() - t0, 1),
         "versions": versions,

@@ -549,7 +549,8 @@ def main(argv=None) -> dict:
     log(f"exported {exported} weights (step {exp_step}) to {out}")
 
     prompts_path = Path(args.heldout_prompts)
-    prompts = [json.loads(l) for l in prompts_path.read_text().splitlines() if l.strip()] if prompts_path.is_file() else []
+    prompts = ([json.loads(line) for line in prompts_path.read_text().splitlines() if line.strip()]
+               if prompts_path.is_file() else [])
     try:
         verify = verify_export(out, held_windows, device, args.num_samples, args.sample_tokens, prompts)
     except Exception as e:  # noqa: BLE001 - the weights are written; report, do not lose the run
@@ -565,13 +566,15 @@ def main(argv=None) -> dict:
     weights = out / "model.safetensors"
     prov = {
         "script": "shipped/train_target.py",
-        "command": "python3 " + " ".join([os.path.relpath(__file__, REPO)] + (list(argv) if argv is not None else sys.argv[1:])),
+        "command": "python3 " + " ".join([os.path.relpath(__file__, REPO)]
+                                         + (list(argv) if argv is not None else sys.argv[1:])),
         "args": vars(args),
         "data": {
             "corpus": str(corpus_path), "corpus_sha256": sha256(corpus_path),
             "description": "Python source documents and (signature/docstring -> code) chat pairs from the "
                            "standard library and installed packages; built by shipped/build_corpus.py",
-            "corpus_manifest": {k: manifest.get(k) for k in ("command", "created", "versions", "holdout_rule", "stats")},
+            "corpus_manifest": {k: manifest.get(k)
+                                for k in ("command", "created", "versions", "holdout_rule", "stats")},
             "heldout_modules": manifest.get("heldout_modules", []),
             "train_tokens": len(train_stream), "heldout_tokens": len(held_stream),
             "tokenizer": {"dir": str(tok_dir), "how": tok_how, "vocab_size": len(tok)},
@@ -598,7 +601,8 @@ def main(argv=None) -> dict:
     (out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
     write_provenance_md(out, prov)
     log(f"done: {step} steps, {tokens_seen:,} tokens in {train_seconds:.0f} s; "
-        f"exported train loss {exp_eval['train_loss']:.4f}, held-out loss {exp_eval['heldout_loss'] or float('nan'):.4f}; "
+        f"exported train loss {exp_eval['train_loss']:.4f}, "
+        f"held-out loss {exp_eval['heldout_loss'] or float('nan'):.4f}; "
         f"weights {weights.stat().st_size:,} B")
     return prov
 

@@ -127,7 +127,7 @@ def native_engine(models: TinyModels, speculative: bool, **kw):
 
 def process_engine(models: TinyModels, speculative: bool, **kw):
     """The same engine in a child process (engine/process.py), one torch thread there too."""
-    from engine.loading import build_engine_process
+    from engine.process import build_engine_process
     return build_engine_process(engine_args(models, speculative, cpu_threads=1, **kw), log_level="warning")
 
 

@@ -154,7 +154,8 @@ def test_raw_record_native_regeneration_to_shards(tiny):
         b = NativeBackend(str(tiny.target), device="cpu", max_batch=2)
         await b.start()
         try:
-            return await regenerate_one(Conversation("r", [], raw_prompt=prompt), b, GenParams(raw_max_tokens=len(greedy)))
+            return await regenerate_one(Conversation("r", [], raw_prompt=prompt), b,
+                                        GenParams(raw_max_tokens=len(greedy)))
         finally:
             await b.close()
     rec = asyncio.run(go())
@@ -175,7 +176,8 @@ def test_raw_record_endpoint_regeneration_to_shards(tiny):
         b = EndpointBackend(server.url + "/v1", server.model)
         await b.start()
         try:
-            by_text = await regenerate_one(Conversation("r", [], raw_prompt=p), b, GenParams(raw_max_tokens=len(greedy)))
+            by_text = await regenerate_one(Conversation("r", [], raw_prompt=p), b,
+                                           GenParams(raw_max_tokens=len(greedy)))
             by_ids = await b.complete_raw(tiny.completion_ids(p), GenParams(max_tokens=len(greedy), seed=1))
             return by_text, by_ids
         finally:

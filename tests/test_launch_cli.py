@@ -81,7 +81,7 @@ def test_serve_sh_is_a_thin_exec_shell():
     text = SERVE_SH.read_text()
     assert os.access(SERVE_SH, os.X_OK)
     assert 'exec "${PYTHON:-python}" -m launch.cli "$@"' in text
-    assert len([l for l in text.splitlines() if l.strip() and not l.startswith("#")]) <= 5
+    assert len([line for line in text.splitlines() if line.strip() and not line.startswith("#")]) <= 5
 
 
 def test_follower_node_runs_sglang_schedulers_only(capsys, environ_restored):
@@ -124,7 +124,8 @@ def test_sglang_profile_checks_the_pair_from_configs(capsys, environ_restored, t
     assert rc == 0 and "SGLang (sglang-llama) captures outputs of layers [1, 1, 0]" in out
     bad = eagle3_drafter(tmp_path / "d2", configured=[2, 2, 1])  # exported for vLLM's convention
     rc, _, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(bad))
-    assert rc == 2 and "capture the outputs of layers [2, 2, 1]" in err and "trained on the outputs of layers [1, 1, 0]" in err
+    assert rc == 2
+    assert "capture the outputs of layers [2, 2, 1]" in err and "trained on the outputs of layers [1, 1, 0]" in err
 
 
 def test_kimi_shaped_pair_follows_sglang_deepseek_convention(capsys, environ_restored, tmp_path):

@@ -25,7 +25,7 @@ def test_dockerfile_matches_the_pinned_sglang_and_the_reference_profile():
 
 
 def test_docker_context_keeps_sources_and_profiles():
-    ignored = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines()
-               if l.strip() and not l.startswith("#")]
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
     for needed in ("launch", "server", "engine", "models", "shipped", "pyproject.toml", "README.md"):
         assert needed not in ignored

@@ -53,7 +53,8 @@ def test_two_node_profile_reads_rank_and_address_from_the_environment():
         (2, 1, "node0:50000", 16)
     kw = sglang_server_args(p)
     assert (kw["nnodes"], kw["node_rank"], kw["dist_init_addr"]) == (2, 1, "node0:50000")
-    with pytest.raises(ProfileError, match=r"reference-2node\.toml: parallel\.node_rank: environment variable NODE_RANK"):
+    with pytest.raises(ProfileError,
+                       match=r"reference-2node\.toml: parallel\.node_rank: environment variable NODE_RANK"):
         resolve("reference-2node", environ={"DIST_INIT_ADDR": "node0:50000"})
     with pytest.raises(ProfileError, match=r"parallel\.node_rank: must be in \[0, nnodes = 2\), got 2"):
         resolve("reference-2node", environ={**ENV, "NODE_RANK": "2"})

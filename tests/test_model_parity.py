@@ -97,6 +97,7 @@ def test_one_token_gemv_as_reduction_matches_linear():
     product as F.linear, accumulated in fp32 (bf16 inputs: as close to the fp32 product as
     cuBLAS's bf16 GEMV is)."""
     import torch.nn.functional as F
+
     from models.layers import gemv_reduction
     torch.manual_seed(0)
     x, w, b = torch.randn(1, 1, 512), torch.randn(384, 512) / 16, torch.randn(384)

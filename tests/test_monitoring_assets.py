@@ -30,8 +30,10 @@ def test_dashboard_has_the_operator_panels_with_design_formulas():
         "Accept length": "1 + sum(rate(specserve_spec_accepted_tokens_total",
         "Accept rate": "/ sum(rate(specserve_spec_draft_tokens_total",
         "Per-position acceptance": "sum by (position) (rate(specserve_spec_accepted_tokens_per_position_total",
-        "Time to first token p50 / p99": "histogram_quantile(0.99, sum by (le) (rate(specserve_time_to_first_token_seconds_bucket",
-        "Inter-token latency p50 / p99": "histogram_quantile(0.5, sum by (le) (rate(specserve_inter_token_latency_seconds_bucket",
+        "Time to first token p50 / p99":
+            "histogram_quantile(0.99, sum by (le) (rate(specserve_time_to_first_token_seconds_bucket",
+        "Inter-token latency p50 / p99":
+            "histogram_quantile(0.5, sum by (le) (rate(specserve_inter_token_latency_seconds_bucket",
         "Requests running / waiting": "specserve_num_requests_waiting",
         "GPU utilization": "specserve_gpu_utilization_percent",
         "GPU memory used": "specserve_gpu_memory_used_bytes",

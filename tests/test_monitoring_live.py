@@ -75,12 +75,14 @@ def test_every_dashboard_metric_is_exported(server):
             continue
         # GPU gauges need NVML; without a GPU they may be absent from the scrape, so they must
         # at least be defined where every metric is defined.
-        if name.startswith("specserve_gpu_") and (name in metrics_src or name.removeprefix("specserve_") in metrics_src):
+        defined = name in metrics_src or name.removeprefix("specserve_") in metrics_src
+        if name.startswith("specserve_gpu_") and defined:
             continue
         missing.append(name)
     assert not missing, f"dashboard queries metrics the server does not export: {missing}"
     info = samples["specserve_launch_info"][0].labels
-    assert (info["engine"], info["steps"], info["topk"], info["draft_tokens"]) == ("native", str(STEPS), "1", str(STEPS + 1))
+    assert (info["engine"], info["steps"], info["topk"], info["draft_tokens"]) == \
+        ("native", str(STEPS), "1", str(STEPS + 1))
 
 
 def promql(base: str, query: str) -> float | None:
@@ -130,7 +132,8 @@ def test_real_prometheus_scrapes_accept_length_and_tokens_per_second(server, tmp
             completion(server.url, server.model, prompt="class A:\n", max_tokens=16)  # traffic between scrapes
             time.sleep(1.0)
             accept, toks = promql(base, accept_expr), promql(base, toks_expr)
-        assert accept is not None and toks is not None, (accept, toks, (tmp_path / "prometheus.log").read_text()[-2000:])
+        assert accept is not None and toks is not None, \
+            (accept, toks, (tmp_path / "prometheus.log").read_text()[-2000:])
         assert 1.0 <= accept <= STEPS + 1, accept
         assert toks > 0
         assert promql(base, 'up{job="specserve"}') == 1.0

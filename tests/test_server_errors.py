@@ -15,7 +15,6 @@ import pytest
 
 from tests import server_harness as h
 
-
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]

@@ -22,7 +22,8 @@ def sglang_args():
         pytest.fail(f"sglang {SGLANG_VERSION} is not importable ({e}). CI installs its argument parser with "
                     f"`pip install --no-deps sglang=={SGLANG_VERSION}` plus its parser's dependencies "
                     f"(see the CI install script); this test must not be skipped.", pytrace=False)
-    assert sglang.__version__ == SGLANG_VERSION, f"sglang {sglang.__version__} installed, profiles target {SGLANG_VERSION}"
+    assert sglang.__version__ == SGLANG_VERSION, \
+        f"sglang {sglang.__version__} installed, profiles target {SGLANG_VERSION}"
     return ServerArgs, prepare_server_args
 
 
@@ -32,7 +33,8 @@ def sglang_profiles() -> list[str]:
     return names
 
 
-CASES = [(n, o) for n in sglang_profiles() for o in (Overrides(), Overrides(steps=3), Overrides(steps=4, topk=4, draft_tokens=8))]
+CASES = [(n, o) for n in sglang_profiles()
+         for o in (Overrides(), Overrides(steps=3), Overrides(steps=4, topk=4, draft_tokens=8))]
 
 
 @pytest.mark.parametrize("name,overrides", CASES, ids=[f"{n}-{i % 3}" for i, (n, _) in enumerate(CASES)])
@@ -62,7 +64,8 @@ def test_reference_is_the_measured_configuration(sglang_args):
     _, prepare_server_args = sglang_args
     p = resolve("reference", environ={}).profile
     a = prepare_server_args(sglang_cli(sglang_server_args(p)))
-    assert (a.speculative_num_steps, a.speculative_eagle_topk, a.speculative_num_draft_tokens, a.tp_size) == (2, 1, 3, 8)
+    assert (a.speculative_num_steps, a.speculative_eagle_topk, a.speculative_num_draft_tokens, a.tp_size) == \
+        (2, 1, 3, 8)
 
 
 def test_no_spec_leaves_speculation_unset(sglang_args):

@@ -37,14 +37,14 @@ def built(tmp_path_factory):
 
 def test_corpus_splits_are_disjoint_and_prompts_are_chat_messages(built):
     corpus_dir, *_ = built
-    recs = [json.loads(l) for l in gzip.open(corpus_dir / "corpus.jsonl.gz", "rt")]
+    recs = [json.loads(line) for line in gzip.open(corpus_dir / "corpus.jsonl.gz", "rt")]
     held = set((corpus_dir / "heldout_modules.txt").read_text().split("\n")[1:]) - {""}
     assert held and {r["module"] for r in recs if r["split"] == "heldout"} == held
     assert not held & {r["module"] for r in recs if r["split"] == "train"}
     for name in ("heldout_prompts.jsonl", "train_prompts.jsonl"):
-        rows = [json.loads(l) for l in (corpus_dir / name).read_text().splitlines()]
+        rows = [json.loads(line) for line in (corpus_dir / name).read_text().splitlines()]
         assert rows and all(list(r) == ["messages"] and [m["role"] for m in r["messages"]] == ["user"] for r in rows)
-    train = {l for l in (corpus_dir / "train_prompts.jsonl").read_text().splitlines()}
+    train = set((corpus_dir / "train_prompts.jsonl").read_text().splitlines())
     assert not train & set((corpus_dir / "heldout_prompts.jsonl").read_text().splitlines())
 
 
