@@ -129,6 +129,23 @@ def cmd_export_hf(a) -> int:
     return 0
 
 
+def _generation_args(p: argparse.ArgumentParser) -> None:
+    """Where the target runs and how hard it is driven: the steps that make it generate."""
+    p.add_argument("--target", help="generate in-process through the native engine from this model (folder or GGUF)")
+    p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
+    p.add_argument("--model", help="model name at the endpoint")
+    p.add_argument("--api-key")
+    p.add_argument("--tokenizer", help="the target's tokenizer (default: --target)")
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
+    p.add_argument("--max-context", type=int, default=0,
+                   help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="seconds; then stop, keeping what is written (a rerun continues)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drafter", description="EAGLE-3 drafter pipeline")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -136,11 +153,7 @@ def parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prompts", help="the target writes user prompts (Magpie), filtered and deduplicated")
     pr.add_argument("--out", required=True, help="prompt JSONL to write (appended to until --num are written)")
     pr.add_argument("--num", type=int, required=True, help="prompts the target writes (--mix records come on top)")
-    pr.add_argument("--target", help="generate in-process through the native engine from this model directory")
-    pr.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1 (uses /completions)")
-    pr.add_argument("--model", help="model name at the endpoint")
-    pr.add_argument("--api-key")
-    pr.add_argument("--tokenizer", help="the target's tokenizer directory (default: --target)")
+    _generation_args(pr)
     pr.add_argument("--system-prompts", help="text file, one system prompt per line, replacing the built-in list")
     pr.add_argument("--temperatures", default="0.8,1.0,1.2", help="comma-separated; every system prompt meets each")
     pr.add_argument("--top-p", type=float, default=1.0)
@@ -155,26 +168,14 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-tokens", type=int, default=512, help="longest prompt; one cut off here is dropped")
     pr.add_argument("--max-repeat-ratio", type=float, default=0.3, help="share of repeated word 3-grams allowed")
     pr.add_argument("--near-duplicate", type=float, default=0.7, help="MinHash Jaccard threshold for near repeats")
-    pr.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     pr.add_argument("--max-requests", type=int, default=0, help="requests this run (0: 10 per prompt missing)")
-    pr.add_argument("--device", default="auto")
-    pr.add_argument("--dtype", default="auto")
-    pr.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
-    pr.add_argument("--time-limit", type=float, default=0,
-                    help="seconds; then stop, keeping what is written (a rerun continues)")
-    pr.add_argument("--max-context", type=int, default=0,
-                    help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     pr.set_defaults(fn=cmd_prompts)
 
     d = sub.add_parser("data", help="prompts -> target-regenerated, tokenized, sharded conversations")
     d.add_argument("--prompts", required=True,
                    help="ShareGPT JSONL, or JSONL of {'messages': [...]} or of raw {'prompt': str}")
     d.add_argument("--out", required=True, help="data directory (generated.jsonl, shards/)")
-    d.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://host:8000/v1")
-    d.add_argument("--model", help="model name at the endpoint")
-    d.add_argument("--api-key")
-    d.add_argument("--target", help="generate in-process through the native engine from this model directory")
-    d.add_argument("--tokenizer", help="the target's tokenizer directory (default: --target)")
+    _generation_args(d)
     d.add_argument("--keep-responses", action="store_true", help="use the data set's answers, no regeneration")
     d.add_argument("--request-token-ids", action="store_true",
                    help="send return_token_ids (vLLM extension) and train on the exact generated ids")
@@ -183,18 +184,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     d.add_argument("--top-p", type=float, default=1.0)
     d.add_argument("--max-turns", type=int, default=0, help="user turns to answer per conversation (0: all)")
-    d.add_argument("--concurrency", type=int, default=64, help="requests in flight")
     d.add_argument("--retries", type=int, default=5)
     d.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     d.add_argument("--limit", type=int, default=0, help="use only the first N conversations")
     d.add_argument("--shard-size", type=int, default=10000, help="conversations per shard")
-    d.add_argument("--device", default="auto")
-    d.add_argument("--dtype", default="auto")
-    d.add_argument("--max-batch", type=int, default=16, help="native engine batch size")
-    d.add_argument("--time-limit", type=float, default=0,
-                   help="seconds; then stop, keeping what is written (a rerun continues)")
-    d.add_argument("--max-context", type=int, default=0,
-                   help="native engine context (0: the model's); the KV cache holds max-batch rows of it")
     d.set_defaults(fn=cmd_data)
 
     v = sub.add_parser("vocab", help="draft vocabulary (d2t/t2d) from the loss-masked tokens")

@@ -20,7 +20,9 @@ Per request (histograms):
       first token time), for requests with at least two tokens.
   specserve_inter_token_latency_seconds: a delta of n tokens arriving `gap` seconds after
       the previous one is observed n times as gap / n (SGLang's convention), so a speculative
-      step that yields 3 tokens counts 3 tokens at a third of the step time.
+      step that yields 3 tokens counts 3 tokens at a third of the step time. A first delta of
+      n tokens (a slow consumer merged the first steps) observes its n - 1 later tokens at 0 s:
+      they arrived with the first, and every token after the first is counted once.
 Counters cover requests that reached the engine; aborted ones (client gone, timeout) count
 their tokens but carry no speculative statistics. Running/waiting gauges and GPU gauges are
 read at scrape time.
@@ -118,6 +120,8 @@ class RequestMetrics:
         if self.first is None:
             self.first = now
             self.m.ttft.observe(now - self.arrival)
+            for _ in range(n - 1):
+                self.m.itl.observe(0.0)
         else:
             per_token = (now - self.last) / n
             for _ in range(n):

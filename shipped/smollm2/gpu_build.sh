@@ -3,15 +3,16 @@
 # warm machine (what a call writes under runs/ stays there while the machine is warm, ~30 s
 # between calls; each call must end within the 10-minute limit):
 #
-#   bash shipped/smollm2/gpu_build.sh part     # calls 1, 2: the carried GGUF piece stays in runs/gguf_parts
-#   bash shipped/smollm2/gpu_build.sh data     # call 3: last piece -> GGUF (sha256 checked) -> HF folder;
+#   bash shipped/smollm2/gpu_build.sh part     # calls 1..3: the carried GGUF piece stays in runs/gguf_parts
+#   bash shipped/smollm2/gpu_build.sh data     # call 4: last piece -> GGUF (sha256 checked) -> HF folder;
 #                                              #   the target writes prompts, then answers them; shards; vocab
-#   bash shipped/smollm2/gpu_build.sh train    # call 4: drafters on 1K..64K conversations (one recipe, trained
+#   bash shipped/smollm2/gpu_build.sh train    # then: drafters on 1K..64K conversations (one recipe, trained
 #                                              #   side by side), exports, held-out evals at steps 1..6
 #
-# Why pieces: a call carries at most 64 MiB with the ~19 MB tree, and the GGUF is 98 MB; here
-# `split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf runs/gguf_parts/part.` makes three 33 MB pieces,
-# call k carries runs/gguf_parts/part.0k (and .whl: gguf and datasketch wheels).
+# Why pieces: a call carries at most 64 MiB with the tree (19 MB in session 6, 41 MB since the
+# drafter ships), and the GGUF is 98 MB: `split -n 4 -d SmolLM2-135M-Instruct.Q4_1.gguf
+# runs/gguf_parts/part.` makes four 25 MB pieces, call k carries runs/gguf_parts/part.0k (the
+# last one also .whl: the gguf and datasketch wheels). `data` may run again to add to the data.
 # Returns (data) $OUT/data.tgz: prompts, stats, logs; (train) $OUT/drafter.tgz.NN, pieces of one
 # tarball (cat them): the 64K drafter, scaling table/plot, eval JSON, logs.
 set -uo pipefail
@@ -20,7 +21,7 @@ W=runs/smollm2; mkdir -p $W
 GGUF=$W/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 N_PROMPTS=${N_PROMPTS:-80000}; PROMPTS_S=${PROMPTS_S:-150}; DATA_S=${DATA_S:-300}
-MAX_TOKENS=${MAX_TOKENS:-1024}; BATCH=${BATCH:-1024}; VOCAB=${VOCAB:-8192}
+MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-1024}; VOCAB=${VOCAB:-8192}
 SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-auto}; TRAIN_S=${TRAIN_S:-400}; LR=${LR:-1e-3}
 TRAIN_BATCH=${TRAIN_BATCH:-32}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
@@ -44,7 +45,7 @@ data() {
     wheels; assemble
     log "prompts: $N_PROMPTS, at most ${PROMPTS_S}s"
     python3 -m drafter prompts --target $W/target --out $W/prompts.jsonl --num "$N_PROMPTS" --time-limit "$PROMPTS_S" \
-      --max-tokens 256 --max-batch "$BATCH" --max-context 512 --concurrency $((4 * BATCH)) --device "$DEVICE" > $W/prompts.log 2>&1
+      --max-tokens 128 --max-batch "$BATCH" --max-context 512 --concurrency $((4 * BATCH)) --device "$DEVICE" > $W/prompts.log 2>&1
     tail -1 $W/prompts.log | tee $W/prompts_stats.json
     log "answers: max $MAX_TOKENS tokens, at most ${DATA_S}s"
     python3 -m drafter data --prompts $W/prompts.jsonl --out $W/data --target $W/target --time-limit "$DATA_S" \
