@@ -67,10 +67,30 @@ class SpecStats:
         for i in range(accepted):
             self.accepted_per_position[i] += 1
 
+    @classmethod
+    def of_step(cls, proposed: int, accepted: int) -> "SpecStats":
+        """One verify step's statistics."""
+        s = cls()
+        s.record(proposed, accepted)
+        return s
+
+    def plus(self, other: "SpecStats | None") -> "SpecStats":
+        """The sum of two runs of verify steps (per-position counts aligned by position)."""
+        if other is None:
+            return self
+        a, b = self.accepted_per_position, other.accepted_per_position
+        n = max(len(a), len(b))
+        pos = [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
+        return SpecStats(self.verify_steps + other.verify_steps,
+                         self.proposed_draft_tokens + other.proposed_draft_tokens,
+                         self.accepted_draft_tokens + other.accepted_draft_tokens, pos)
+
 
 @dataclass
 class GenerationOutput:
-    """One streamed delta. `finish_reason` is set on the last one: stop | length | abort."""
+    """One streamed delta. `finish_reason` is set on the last one: stop | length | abort.
+    `spec_step`: the verify steps that made this delta's tokens (metrics count them as they
+    happen, as vLLM does per engine step); `spec`: the request's totals, on the last delta."""
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
@@ -78,6 +98,7 @@ class GenerationOutput:
     completion_tokens: int = 0
     spec: SpecStats | None = None
     error: str | None = None
+    spec_step: SpecStats | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,7 +108,8 @@ class GenerationOutput:
         """This delta followed by `later`, as one delta."""
         return GenerationOutput(text=self.text + later.text, token_ids=self.token_ids + later.token_ids,
                                 finish_reason=later.finish_reason, prompt_tokens=later.prompt_tokens,
-                                completion_tokens=later.completion_tokens, spec=later.spec, error=later.error)
+                                completion_tokens=later.completion_tokens, spec=later.spec, error=later.error,
+                                spec_step=later.spec_step.plus(self.spec_step) if later.spec_step else self.spec_step)
 
 
 @dataclass

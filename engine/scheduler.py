@@ -300,9 +300,11 @@ class NativeEngine:
             r = self._active[row]
             if r.finish_reason:
                 continue
+            step = None
             if r.spec is not None:
                 r.spec.record(res.proposed, res.accepted)
-            self._consume(row, res.tokens)
+                step = SpecStats.of_step(res.proposed, res.accepted)
+            self._consume(row, res.tokens, step)
         if any(r.finish_reason for r in self._active):
             if self._next is not None:
                 self._finish_next()
@@ -321,8 +323,9 @@ class NativeEngine:
             greedy=all(r.params.greedy for r in reqs),
         )
 
-    def _consume(self, row: int, tokens: list[int]) -> None:
-        """Apply new tokens one by one until a stop condition; emit one delta."""
+    def _consume(self, row: int, tokens: list[int], spec_step: SpecStats | None = None) -> None:
+        """Apply new tokens one by one until a stop condition; emit one delta (with the verify
+        step that made them: its drafts count even when the request ends inside the run)."""
         r, p = self._active[row], self._active[row].params
         new: list[int] = []
         for t in tokens:
@@ -344,7 +347,7 @@ class NativeEngine:
         r.emit(GenerationOutput(
             text=r.detok.take(final=r.finish_reason is not None) if r.detok else "", token_ids=new,
             finish_reason=r.finish_reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
-            spec=r.spec if r.finish_reason else None, error=r.error,
+            spec=r.spec if r.finish_reason else None, error=r.error, spec_step=spec_step,
         ))
 
     def _release(self, row: int) -> None:

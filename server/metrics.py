@@ -23,9 +23,11 @@ Per request (histograms):
       step that yields 3 tokens counts 3 tokens at a third of the step time. A first delta of
       n tokens (a slow consumer merged the first steps) observes its n - 1 later tokens at 0 s:
       they arrived with the first, and every token after the first is counted once.
-Counters cover requests that reached the engine; aborted ones (client gone, timeout) count
-their tokens but carry no speculative statistics. Running/waiting gauges and GPU gauges are
-read at scrape time.
+Counters cover requests that reached the engine. Speculative counters are observed per
+engine step (each delta carries the verify steps that made it, as vLLM's
+SpecDecodingStats.observe_draft), so dashboards do not wait for requests to end and an
+aborted request's drafts are counted; the SGLang engine reports its totals on the last chunk.
+Running/waiting gauges and GPU gauges are read at scrape time.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
-from engine.api import Engine, GenerationOutput
+from engine.api import Engine, GenerationOutput, SpecStats
 from server.gpu_metrics import GpuCollector
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -113,6 +115,8 @@ class RequestMetrics:
         self.done = False
 
     def on_output(self, out: GenerationOutput) -> None:
+        if out.spec_step is not None and out.spec_step.verify_steps:
+            self._count_verify_steps(out.spec_step)
         n = len(out.token_ids)
         if not n:
             return
@@ -129,6 +133,14 @@ class RequestMetrics:
         self.last = now
         self.tokens += n
         self.m.generation_tokens.inc(n)
+
+    def _count_verify_steps(self, step: SpecStats) -> None:
+        m = self.m
+        m.verify_steps.inc(step.verify_steps)
+        m.draft_tokens.inc(step.proposed_draft_tokens)
+        m.accepted_tokens.inc(step.accepted_draft_tokens)
+        for pos, count in enumerate(step.accepted_per_position):
+            m.accepted_per_position.labels(str(pos)).inc(count)
 
     def discard(self) -> None:
         """The engine refused the request (overloaded, not ready): it is not counted."""
@@ -151,11 +163,6 @@ class RequestMetrics:
             m.decode_tps.observe((completion - 1) / (self.last - self.first))
         spec = final.spec if final is not None else None
         if spec is not None and spec.verify_steps:
-            m.verify_steps.inc(spec.verify_steps)
-            m.draft_tokens.inc(spec.proposed_draft_tokens)
-            m.accepted_tokens.inc(spec.accepted_draft_tokens)
-            for pos, count in enumerate(spec.accepted_per_position):
-                m.accepted_per_position.labels(str(pos)).inc(count)
             m.accept_length.observe(spec.accept_length(completion))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import httpx
 import pytest
@@ -165,3 +166,28 @@ def test_gpu_collector_units_and_labels():
         def nvmlInit(self):
             raise self.NVMLError("NVML Shared Library Not Found")
     assert list(GpuCollector(GPU_METRICS, nvml=NoDriver()).collect()) == []
+
+
+def test_an_aborted_requests_drafts_are_counted(spec):
+    """Speculative counters are observed per engine step, not when a request ends: a client
+    that leaves mid-stream still leaves its verify steps, drafts and accepted drafts counted."""
+    before = scrape(spec)
+    req = {"model": spec.model, "prompt": h.COMPLETION_PROMPTS[0], "max_tokens": 400, "temperature": 0,
+           "ignore_eos": True, "stream": True}
+    tokens = 0
+    with httpx.stream("POST", spec.url + "/v1/completions", json=req, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                tokens += 1
+                if tokens == 6:
+                    break  # the client goes away; the server aborts the request
+    aborts = value(before, "specserve_requests_total", finish_reason="abort")
+    deadline = time.monotonic() + 5
+    while (after := scrape(spec)) and value(after, "specserve_requests_total", finish_reason="abort") == aborts:
+        assert time.monotonic() < deadline, "the server did not count the abort"
+        time.sleep(0.05)
+    steps = value(after, "specserve_spec_verify_steps_total") - value(before, "specserve_spec_verify_steps_total")
+    drafts = value(after, "specserve_spec_draft_tokens_total") - value(before, "specserve_spec_draft_tokens_total")
+    accepted = (value(after, "specserve_spec_accepted_tokens_total")
+                - value(before, "specserve_spec_accepted_tokens_total"))
+    assert steps >= 5 and drafts == steps * h.STEPS and accepted > 0   # at least the 5 streamed steps after the first

@@ -219,7 +219,8 @@ class SGLangEngine:
             spec = spec_stats_from_meta(meta, self.info.draft_tokens) if self.info.speculative else None
             return GenerationOutput(text=text, token_ids=list(ids), finish_reason=reason, error=error,
                                     prompt_tokens=int(meta.get("prompt_tokens") or len(prompt_ids)),
-                                    completion_tokens=int(meta.get("completion_tokens") or cum.n_ids), spec=spec)
+                                    completion_tokens=int(meta.get("completion_tokens") or cum.n_ids), spec=spec,
+                                    spec_step=spec)  # SGLang reports verify steps only on the final chunk
         try:
             stream = await self._engine.async_generate(
                 input_ids=list(prompt_ids), sampling_params=to_sglang_sampling(params), stream=True, rid=request_id)
