@@ -8,16 +8,27 @@ carries the finish reason and the statistics.
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
 
+class ErrorCode(str, enum.Enum):
+    """Why a request failed, set where the failure happens; server/errors.py maps each to an
+    HTTP status, and the value is the OpenAI error body's `code`."""
+    OVERLOADED = "overloaded"                  # the waiting queue is full: try again soon
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # not ready, dead or shut down
+    ENGINE_ERROR = "engine_error"              # the engine gave up on this request alone
+    TIMEOUT = "timeout"                        # past the request's deadline (server/generation.py)
+
+
 class EngineError(RuntimeError):
-    """The engine cannot serve (not ready, dead). Maps to HTTP 503."""
+    """The engine refused a request before queueing it; `code` says why (OVERLOADED or
+    ENGINE_UNAVAILABLE)."""
 
-
-class EngineOverloaded(EngineError):
-    """The waiting queue is full. Maps to HTTP 503 with Retry-After."""
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.ENGINE_UNAVAILABLE):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -30,7 +41,6 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    timeout_s: float | None = None  # wall-clock deadline for the whole request
     detokenize: bool = True         # False: token ids only, no text and no stop strings (offline data generation)
 
     @property
@@ -88,7 +98,8 @@ class SpecStats:
 
 @dataclass
 class GenerationOutput:
-    """One streamed delta. `finish_reason` is set on the last one: stop | length | abort.
+    """One streamed delta. `finish_reason` is set on the last one: stop | length | abort; a
+    failed request's last one also carries `error` (the message) and `error_code`.
     `spec_step`: the verify steps that made this delta's tokens (metrics count them as they
     happen, as vLLM does per engine step); `spec`: the request's totals, on the last delta."""
     text: str = ""
@@ -99,6 +110,7 @@ class GenerationOutput:
     spec: SpecStats | None = None
     error: str | None = None
     spec_step: SpecStats | None = None
+    error_code: ErrorCode | None = None
 
     @property
     def finished(self) -> bool:
@@ -109,7 +121,8 @@ class GenerationOutput:
         return GenerationOutput(text=self.text + later.text, token_ids=self.token_ids + later.token_ids,
                                 finish_reason=later.finish_reason, prompt_tokens=later.prompt_tokens,
                                 completion_tokens=later.completion_tokens, spec=later.spec, error=later.error,
-                                spec_step=later.spec_step.plus(self.spec_step) if later.spec_step else self.spec_step)
+                                spec_step=later.spec_step.plus(self.spec_step) if later.spec_step else self.spec_step,
+                                error_code=later.error_code)
 
 
 @dataclass

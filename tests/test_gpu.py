@@ -1,0 +1,60 @@
+"""On a GPU: the CUDA-graph greedy steps give the same tokens as the eager general path, and
+compiled steps give them too (fp32, plain decoding and the 3-step chain at batch 1, where
+one-token GEMVs are Triton reductions: models.layers.Linear).
+
+Random tiny models (bf16 and fp32), plain and chain-speculative decoding, batch 1 and 3
+(padded to 4 rows in the graphs). Marked `gpu`: CI (no GPU) deselects them; on the device
+machine `python3 -m pytest -m gpu tests/test_gpu.py` runs them. Compiling takes about two
+minutes per compiled case with the engine's inductor options.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.decoder import BatchDecoder, SpecConfig
+from engine.sampling import BatchSampling
+from models.eagle3 import Eagle3Config, Eagle3Drafter
+from models.llama import LlamaConfig, LlamaModel
+
+pytestmark = pytest.mark.gpu
+PROMPTS = [[5, 6, 7], list(range(20, 60)), [9] * 11]
+COMPILED_CASES = {(0, 1), (3, 1)}   # (steps, batch), fp32
+
+
+def build(dtype):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        t = LlamaModel(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32), [0, 1, 2])
+        for p in t.parameters():
+            p.data.normal_(0, 0.3)
+        d = Eagle3Drafter(Eagle3Config(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=32, vocab_size=512, draft_vocab_size=512,
+                                       target_hidden_size=128, aux_layer_ids=[0, 1, 2]))
+    d.embed_tokens.weight = t.embed_tokens.weight
+    d.t2d.fill_(True)
+    return t.to(dtype).eval(), d.to(dtype).eval()
+
+
+@torch.inference_mode()
+def decode(t, d, spec, prompts, fast, n=48, compile=False):
+    dec = BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile)
+    outs = [[tok] for tok in dec.prefill_batch(0, prompts, BatchSampling.all_greedy_rows(len(prompts), "cuda"))]
+    while min(map(len, outs)) < n:
+        for i, r in enumerate(dec.step(len(prompts), BatchSampling.all_greedy_rows(len(prompts), "cuda"))):
+            outs[i] += r.tokens
+    return [o[:n] for o in outs]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("steps", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
+    t, d = build(dtype)
+    spec = SpecConfig(steps) if steps else None
+    prompts = PROMPTS[:batch]
+    eager = decode(t, d, spec, prompts, fast=False)
+    assert decode(t, d, spec, prompts, fast=True) == eager
+    if dtype == torch.float32 and (steps, batch) in COMPILED_CASES:
+        assert decode(t, d, spec, prompts, fast=True, compile=True) == eager
