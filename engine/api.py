@@ -110,7 +110,7 @@ class GenerationOutput:
     spec: SpecStats | None = None
     error: str | None = None
     spec_step: SpecStats | None = None
-    error_code: ErrorCode | None = None
+    error_code: ErrorCode | None = None  # with `error`; None there reads as ENGINE_ERROR
 
     @property
     def finished(self) -> bool:

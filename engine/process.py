@@ -4,13 +4,7 @@ In one process the engine thread and the HTTP event loop share a GIL: each strea
 event-loop work (a few hundred microseconds of Python on CPU) stalls the next decode step,
 and a crash in the engine takes the server down. Here `NativeEngine` runs in a spawned
 child; the server process keeps HTTP, templates and the tokenizer, and the two exchange small
-pickled messages over a pipe:
-
-  server -> engine   ("add", request_id, prompt_ids, params) | ("abort", request_id) | ("stop",)
-  engine -> server   ("ready", info) | ("failed", reason)                           at start
-                     ("out", [(request_id, GenerationOutput), ...], (running, waiting), dead)
-                                       one message per engine loop turn; dead: None or why
-                     ("refused", request_id, overloaded, reason)
+pickled messages over a pipe (engine/messages.py: which, who sends them and when).
 
 If the child dies, every open request ends with an error and /health reports the engine dead.
 """
@@ -24,8 +18,9 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
-from engine.api import EngineError, EngineInfo, EngineOverloaded, GenerationOutput, SamplingParams, stream_outputs
+from engine.api import EngineError, EngineInfo, ErrorCode, GenerationOutput, SamplingParams, stream_outputs
 from engine.loading import NativeEngineArgs, build_engine, engine_info
+from engine.messages import Abort, Dead, Failed, Outputs, Ready, Refused, Stop, Submit, ToEngine, ToServer
 
 log = logging.getLogger("specserve.engine")
 
@@ -69,42 +64,42 @@ class EngineProcess:
         self._proc.start()
         child_end.close()
         self.tokenizer = await asyncio.to_thread(load_tokenizer, self.args.model)
-        kind, payload = await asyncio.to_thread(self._first_message)
-        if kind != "ready":
+        first = await asyncio.to_thread(self._first_message)
+        if isinstance(first, Failed):
             self._proc.join(5)
-            raise EngineError(payload)
-        self.info = payload
+            raise EngineError(first.reason)
+        self.info = first.info
         asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_readable)
         self._ready = True
 
-    def _first_message(self) -> tuple[str, object]:
-        """Wait for the child's "ready" or "failed" (loading can take minutes: weights, compiles)."""
+    def _first_message(self) -> Ready | Failed:
+        """Wait for the child's Ready or Failed (loading can take minutes: weights, compiles)."""
         while not self._conn.poll(0.5):
             if not self._proc.is_alive():
                 break
             if self._stopping:
-                return "failed", "server stopped while the engine was loading"
+                return Failed("server stopped while the engine was loading")
         try:
             return self._conn.recv()
         except (EOFError, OSError):
             self._proc.join(5)
-            return "failed", f"engine process exited with code {self._proc.exitcode} while loading"
+            return Failed(f"engine process exited with code {self._proc.exitcode} while loading")
 
     def _on_readable(self) -> None:
         """Event-loop reader: hand every message the child has sent to its request's queue."""
         try:
             while self._conn.poll():
-                msg = self._conn.recv()
-                if msg[0] == "out":
-                    for request_id, out in msg[1]:
+                match self._conn.recv():
+                    case Outputs(deltas=deltas, load=load):
+                        for request_id, out in deltas:
+                            if (q := self._streams.get(request_id)) is not None:
+                                q.put_nowait(out)
+                        self._load = load
+                    case Refused(request_id=request_id, code=code, message=message):
                         if (q := self._streams.get(request_id)) is not None:
-                            q.put_nowait(out)
-                    self._load = msg[2]
-                    self.dead = self.dead or msg[3]
-                elif msg[0] == "refused":
-                    _, request_id, overloaded, reason = msg
-                    if (q := self._streams.get(request_id)) is not None:
-                        q.put_nowait((EngineOverloaded if overloaded else EngineError)(reason))
+                            q.put_nowait(EngineError(message, code))
+                    case Dead(reason=reason):
+                        self.dead = self.dead or reason
         except (EOFError, OSError):
             self._child_gone()
 
@@ -113,7 +108,8 @@ class EngineProcess:
         loop.remove_reader(self._conn.fileno())
         self.dead = "engine has shut down" if self._stopping else "engine process died"
         for q in self._streams.values():
-            q.put_nowait(GenerationOutput(finish_reason="abort", error=self.dead))
+            q.put_nowait(GenerationOutput(finish_reason="abort", error=self.dead,
+                                          error_code=ErrorCode.ENGINE_UNAVAILABLE))
         if not self._stopping:
             log.error("%s; failed %d open requests", self.dead, len(self._streams))
             self._exit_report = loop.create_task(self._log_exit_code())  # held: a bare task may be collected
@@ -123,7 +119,7 @@ class EngineProcess:
         await asyncio.to_thread(self._proc.join, 5)
         log.error("engine process exit code: %s", self._proc.exitcode)
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: ToEngine) -> None:
         try:
             self._conn.send(msg)
         except (OSError, ValueError) as e:  # the child is gone; the reader reports it
@@ -136,7 +132,7 @@ class EngineProcess:
         if self._proc is None or not self._proc.is_alive():
             return
         try:
-            self._conn.send(("stop",))
+            self._conn.send(Stop())
         except (OSError, ValueError):
             pass
         await asyncio.to_thread(self._proc.join, SHUTDOWN_TIMEOUT_S)
@@ -152,14 +148,14 @@ class EngineProcess:
         self._streams[request_id] = queue
         finished = False
         try:
-            self._send(("add", request_id, list(prompt_ids), params))
+            self._send(Submit(request_id, list(prompt_ids), params))
             async for out in stream_outputs(queue):
                 finished = out.finished
                 yield out
         finally:
             del self._streams[request_id]
             if not finished and self.ready:  # client went away or was cancelled: free the slot
-                self._send(("abort", request_id))
+                self._send(Abort(request_id))
 
 
 def child_main(args, conn: Connection, log_config: tuple[str | None, str]) -> None:
@@ -176,9 +172,9 @@ def child_main(args, conn: Connection, log_config: tuple[str | None, str]) -> No
         side.engine.start_blocking()
     except Exception as e:
         log.exception("engine failed to start")
-        side.send(("failed", f"{type(e).__name__}: {e}"))
+        side.send(Failed(f"{type(e).__name__}: {e}"))
         return
-    side.send(("ready", side.engine.info))
+    side.send(Ready(side.engine.info))
     side.serve()
 
 
@@ -190,10 +186,11 @@ class _EngineSide:
         self.engine, self.conn = engine, conn
         self.outbox: collections.deque[tuple[str, GenerationOutput]] = collections.deque()
         self.sent_load = (0, 0)
+        self.sent_dead = False
         self.lock = threading.Lock()  # the engine thread and the pipe reader both send
         engine.flush = self.flush
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg: ToServer) -> None:
         with self.lock:
             try:
                 self.conn.send(msg)
@@ -204,32 +201,35 @@ class _EngineSide:
         batch = []
         while self.outbox:
             batch.append(self.outbox.popleft())
-        load, dead = self.engine.load, self.engine.dead
-        if batch or dead or load != self.sent_load:
-            self.send(("out", batch, load, dead))
+        if self.engine.dead is not None and not self.sent_dead:  # first: the server stops taking requests
+            self.send(Dead(self.engine.dead))
+            self.sent_dead = True
+        load = self.engine.load
+        if batch or load != self.sent_load:
+            self.send(Outputs(batch, load))
             self.sent_load = load
 
     def serve(self) -> None:
         try:
             while True:
-                msg = self.conn.recv()
-                if msg[0] == "add":
-                    self._add(*msg[1:])
-                elif msg[0] == "abort":
-                    self.engine.abort(msg[1])
-                else:
-                    break
+                match self.conn.recv():
+                    case Submit() as submit:
+                        self._submit(submit)
+                    case Abort(request_id=request_id):
+                        self.engine.abort(request_id)
+                    case Stop():
+                        break
         except (EOFError, OSError):  # the server is gone
             pass
         self.engine.stop_blocking()
         self.flush()
 
-    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _submit(self, m: Submit) -> None:
         try:
-            self.engine.submit(request_id, prompt_ids, params,
-                               emit=lambda out: self.outbox.append((request_id, out)))
+            self.engine.submit(m.request_id, m.prompt_ids, m.params,
+                               emit=lambda out: self.outbox.append((m.request_id, out)))
         except EngineError as e:
-            self.send(("refused", request_id, isinstance(e, EngineOverloaded), str(e)))
+            self.send(Refused(m.request_id, e.code, str(e)))
 
 
 def build_engine_process(args: NativeEngineArgs, log_format: str | None = None,

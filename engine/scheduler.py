@@ -3,11 +3,13 @@
 
 The thread admits waiting requests (prefilled together, up to a padded-token budget), then runs one batched decode
 or speculative step for every active request, turns new tokens into text deltas, applies
-the stop conditions (EOS, stop token ids, stop strings, max_tokens, context limit,
-deadline) token by token — also inside an accepted draft run — and hands each delta to the
+the stop conditions (EOS, stop token ids, stop strings, max_tokens, context limit)
+token by token — also inside an accepted draft run — and hands each delta to the
 request's asyncio queue. Cancelled requests leave the batch before the next step.
 On GPU, device-side (greedy) steps overlap: the next step is launched before the thread
 reads and streams the current one, unless the batch is about to change.
+Deadlines are not checked here: the server enforces them (server/generation.py) and aborts
+a late request like any other.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 from engine.api import (
     EngineError,
     EngineInfo,
-    EngineOverloaded,
+    ErrorCode,
     GenerationOutput,
     SamplingParams,
     SpecStats,
@@ -48,11 +50,9 @@ class _Request:
     emit: Callable[[GenerationOutput], None]
     detok: IncrementalDetokenizer | None   # None: the request asked for token ids only
     generator: torch.Generator | None
-    deadline: float | None
     spec: SpecStats | None
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    error: str | None = None
 
 
 def eos_ids(target, tokenizer) -> set[int]:
@@ -161,13 +161,13 @@ class NativeEngine:
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                emit: Callable[[GenerationOutput], None]) -> None:
         """Queue a request; the engine thread calls `emit` with each of its deltas, the last one
-        finished. Raises EngineOverloaded when the waiting queue is full, EngineError when the
-        engine cannot serve."""
+        finished. Raises EngineError: OVERLOADED when the waiting queue is full,
+        ENGINE_UNAVAILABLE when the engine cannot serve."""
         if not self.ready:
             raise EngineError(self.dead or "engine is not ready")
         with self._lock:
             if self._n_waiting >= self.max_waiting:
-                raise EngineOverloaded(f"server is overloaded: {self._n_waiting} requests waiting")
+                raise EngineError(f"server is overloaded: {self._n_waiting} requests waiting", ErrorCode.OVERLOADED)
             self._n_waiting += 1
         gen = None
         if not params.greedy:
@@ -177,7 +177,6 @@ class NativeEngine:
             id=request_id, prompt=list(prompt_ids), params=params, emit=emit,
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop) if params.detokenize else None,
             generator=gen,
-            deadline=time.monotonic() + params.timeout_s if params.timeout_s else None,
             spec=SpecStats() if self.decoder.spec else None,
         ))
         if self.dead is not None or self._stop.is_set():
@@ -209,8 +208,7 @@ class NativeEngine:
         else:  # shut down: whatever is still here gets an answer too
             self.dead = "engine has shut down"
         for r in self._active + list(self._waiting):
-            r.emit(GenerationOutput(finish_reason="abort", error=self.dead,
-                                    prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
+            r.emit(self._failed(prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
         self._active.clear()
         self._waiting.clear()
         self._drain_inbox(block=False, fail=True)
@@ -222,12 +220,17 @@ class NativeEngine:
             while True:
                 if item is not None:
                     if fail:
-                        item.emit(GenerationOutput(finish_reason="abort", error=self.dead))
+                        item.emit(self._failed())
                     else:
                         self._waiting.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _failed(self, **counts) -> GenerationOutput:
+        """The last delta of a request the dead (or stopped) engine will never finish."""
+        return GenerationOutput(finish_reason="abort", error=self.dead, error_code=ErrorCode.ENGINE_UNAVAILABLE,
+                                **counts)
 
     def _drop_aborted(self) -> None:
         if not self._aborted:
@@ -342,12 +345,10 @@ class NativeEngine:
                 r.finish_reason = "length"
             if r.finish_reason:
                 break
-        if not r.finish_reason and r.deadline is not None and time.monotonic() > r.deadline:
-            r.finish_reason, r.error = "abort", "request timed out"
         r.emit(GenerationOutput(
             text=r.detok.take(final=r.finish_reason is not None) if r.detok else "", token_ids=new,
             finish_reason=r.finish_reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
-            spec=r.spec if r.finish_reason else None, error=r.error, spec_step=spec_step,
+            spec=r.spec if r.finish_reason else None, spec_step=spec_step,
         ))
 
     def _release(self, row: int) -> None:

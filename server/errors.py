@@ -12,6 +12,8 @@ Status codes (documented for clients):
   500 server_error           unexpected failure (the message names it; details in the log)
   503 server_error           overloaded (Retry-After), engine loading (Retry-After) or dead
   504 server_error           the request ran past the server's per-request timeout
+A failure the engine reports carries an engine.api.ErrorCode; `engine_failure` is the one
+place that turns it into a status.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.api import ErrorCode
 
 log = logging.getLogger("specserve.server")
 
@@ -43,6 +47,21 @@ class APIError(Exception):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# code -> (status, message prefix, headers)
+_ENGINE_FAILURES = {
+    ErrorCode.OVERLOADED: (503, "", {"Retry-After": "1"}),
+    ErrorCode.ENGINE_UNAVAILABLE: (503, "engine unavailable: ", {}),
+    ErrorCode.ENGINE_ERROR: (500, "engine error: ", {}),
+    ErrorCode.TIMEOUT: (504, "", {}),
+}
+
+
+def engine_failure(code: ErrorCode, message: str) -> APIError:
+    """The client's view of a failed request; the body's code is the ErrorCode's value."""
+    status, prefix, headers = _ENGINE_FAILURES[code]
+    return APIError(status, prefix + message, code=code.value, headers=dict(headers))
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}

@@ -5,8 +5,12 @@ failing engine becomes a proper HTTP status instead of a 200 stream that dies. E
 passes through the request's metrics recorder. Leaving early (client gone, error, timeout)
 closes the engine's generator, which aborts the request inside the engine.
 
-The deadline is enforced here too (the engine's own timeout plus a short grace), so a request
-stuck in a queue or a hung engine ends with a 504, never a hang.
+The request deadline (--request-timeout) is enforced here and nowhere else: every wait for
+the engine runs under a cancel scope at the deadline, and a request not finished by then gets
+504 and is aborted. Only this side sees every way a request can be late (waiting in the queue,
+running, behind a hung engine step or a dead pipe) for every engine (native in a thread or a
+process, SGLang); an engine could only time out the requests it is running, and still needs
+the server to answer when it hangs.
 """
 from __future__ import annotations
 
@@ -18,22 +22,22 @@ from typing import AsyncIterator
 
 import anyio
 
-from engine.api import Engine, EngineError, EngineOverloaded, GenerationOutput, SamplingParams
-from server.errors import APIError
+from engine.api import Engine, EngineError, ErrorCode, GenerationOutput, SamplingParams
+from server.errors import APIError, engine_failure
 from server.metrics import RequestMetrics
 
 log = logging.getLogger("specserve.server")
 
-TIMEOUT_GRACE_S = 2.0
-
 
 class Generation:
+    """`timeout_s`: the request's wall-clock deadline from now (None: none)."""
+
     def __init__(self, engine: Engine, recorder: RequestMetrics, request_id: str, engine_request_id: str,
-                 prompt_ids: list[int], params: SamplingParams):
+                 prompt_ids: list[int], params: SamplingParams, timeout_s: float | None):
         self.engine, self.rec = engine, recorder
         self.request_id, self.engine_request_id = request_id, engine_request_id
-        self.prompt_ids, self.params = prompt_ids, params
-        self.deadline = time.monotonic() + params.timeout_s + TIMEOUT_GRACE_S if params.timeout_s else math.inf
+        self.prompt_ids, self.params, self.timeout_s = prompt_ids, params, timeout_s
+        self.deadline = time.monotonic() + timeout_s if timeout_s else math.inf
         self.final: GenerationOutput | None = None
         self._stream = None
         self._first: GenerationOutput | None = None
@@ -50,7 +54,7 @@ class Generation:
             await self.close("error")
             raise err from None
         except BaseException as e:
-            await self.close("error" if isinstance(e, APIError) and e.status != 504 else "abort")
+            await self.close(_finish_reason(e) if isinstance(e, APIError) else "abort")
             raise
 
     async def outputs(self) -> AsyncIterator[GenerationOutput]:
@@ -63,7 +67,7 @@ class Generation:
                 yield out
             reason = out.finish_reason
         except APIError as e:
-            reason = "abort" if e.status == 504 else "error"
+            reason = _finish_reason(e)
             raise
         finally:
             await self.close(reason)
@@ -84,21 +88,15 @@ class Generation:
         if out.finished:
             self.final = out
         if out.error:
-            if "timed out" in out.error or time.monotonic() >= self.deadline - TIMEOUT_GRACE_S:
-                raise self._timeout()
-            if not self.engine.ready:
-                raise APIError(503, f"engine unavailable: {out.error}", code="engine_unavailable")
-            raise APIError(500, f"engine error: {out.error}", code="engine_error")
+            raise engine_failure(out.error_code or ErrorCode.ENGINE_ERROR, out.error)
         return out
 
     def _refused(self, e: EngineError) -> APIError:
         self.rec.discard()  # never reached the engine's queue: not counted
-        if isinstance(e, EngineOverloaded):
-            return APIError(503, str(e), code="overloaded", headers={"Retry-After": "1"})
-        return APIError(503, f"engine unavailable: {e}", code="engine_unavailable")
+        return engine_failure(e.code, str(e))
 
     def _timeout(self) -> APIError:
-        return APIError(504, f"request timed out after {self.params.timeout_s:g} s", code="timeout")
+        return engine_failure(ErrorCode.TIMEOUT, f"request timed out after {self.timeout_s:g} s")
 
     async def close(self, reason: str) -> None:
         """Record the end once and make sure the engine forgets the request."""
@@ -111,6 +109,11 @@ class Generation:
                     await stream.aclose()
                 except Exception:
                     log.exception("[%s] closing the engine stream failed", self.request_id)
+
+
+def _finish_reason(e: APIError) -> str:
+    """The metrics' finish reason of a failed request: a timeout is an abort, like a client gone."""
+    return "abort" if e.code == ErrorCode.TIMEOUT else "error"
 
 
 async def cancel_on_disconnect(request, coro):

@@ -57,8 +57,8 @@ def _encode(tokenizer, text: str, add_special_tokens: bool, param: str) -> list[
         raise APIError(400, f"{param}: cannot tokenize the text: {e}", param=param, code="invalid_value") from None
 
 
-def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: int, max_context: int,
-                    timeout_s: float | None) -> SamplingParams:
+def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
+                    max_context: int) -> SamplingParams:
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
     if prompt_len == 0:
         raise APIError(400, f"{param}: the prompt is empty", param=param, code="invalid_value")
@@ -80,4 +80,4 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: 
         max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=min(req.top_k, MAX_TOP_K) if req.top_k > 0 else -1, seed=req.seed,
         stop=[s for s in req.stop_list if s], stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos, timeout_s=timeout_s)
+        ignore_eos=req.ignore_eos)

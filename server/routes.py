@@ -58,9 +58,10 @@ async def completions(request: Request):
 
 
 async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], fmt):
-    params = sampling_params(req, len(ids), ctx.engine.info.max_context, ctx.request_timeout_s)
+    params = sampling_params(req, len(ids), ctx.engine.info.max_context)
     rid = request.state.request_id
-    gen = Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid), ids, params)
+    gen = Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid), ids, params,
+                     ctx.request_timeout_s)
     try:
         # Engine errors become an HTTP status here, before any header is sent. A client that
         # leaves while its request still waits in the engine's queue frees its place now, not

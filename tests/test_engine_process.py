@@ -129,9 +129,10 @@ def test_server_stop_leaves_no_engine_process():
 def test_engine_side_speaks_the_pipe_protocol_and_reports_a_dead_engine():
     """The child's half (engine/process._EngineSide) over a real pipe with a real engine in
     this process: deltas come one message per loop turn, a full queue is refused, an abort
-    frees the row, and when the engine thread dies every message after says why (the server
-    then turns /health dead)."""
-    from engine.api import SamplingParams
+    frees the row, and when the engine thread dies it says so once, before the last deltas
+    of the requests it fails (the server then turns /health dead)."""
+    from engine.api import ErrorCode, SamplingParams
+    from engine.messages import Abort, Dead, Outputs, Refused, Stop, Submit
     from engine.process import _EngineSide
     from tests.test_reliability_faults import instrument
 
@@ -153,20 +154,22 @@ def test_engine_side_speaks_the_pipe_protocol_and_reports_a_dead_engine():
         raise AssertionError(f"no {what} message")
 
     try:
-        server_end.send(("add", "a", [5, 6, 7], long))
-        out = until(lambda m: m[0] == "out" and m[1], "first delta")
-        assert out[1][0][0] == "a" and out[1][0][1].token_ids and out[3] is None
-        server_end.send(("add", "b", [5, 6], long))  # waits: max_batch 1
-        server_end.send(("add", "c", [5], long))     # the queue (1) is full
-        refused = until(lambda m: m[0] == "refused", "refused")
-        assert refused[1:3] == ("c", True)
-        server_end.send(("abort", "a"))  # b takes a's row
-        until(lambda m: m[0] == "out" and any(rid == "b" for rid, _ in m[1]), "b's first delta")
+        server_end.send(Submit("a", [5, 6, 7], long))
+        out = until(lambda m: isinstance(m, Outputs) and m.deltas, "first delta")
+        assert out.deltas[0][0] == "a" and out.deltas[0][1].token_ids
+        server_end.send(Submit("b", [5, 6], long))  # waits: max_batch 1
+        server_end.send(Submit("c", [5], long))     # the queue (1) is full
+        refused = until(lambda m: isinstance(m, Refused), "refused")
+        assert (refused.request_id, refused.code) == ("c", ErrorCode.OVERLOADED)
+        server_end.send(Abort("a"))  # b takes a's row
+        until(lambda m: isinstance(m, Outputs) and any(rid == "b" for rid, _ in m.deltas), "b's first delta")
         fail.set()
-        dead = until(lambda m: m[0] == "out" and m[3], "dead engine")
-        assert "injected fault" in dead[3]
-        assert any(rid == "b" and o.finish_reason == "abort" for rid, o in dead[1])
+        dead = until(lambda m: isinstance(m, Dead), "dead engine")
+        assert "injected fault" in dead.reason
+        last = until(lambda m: isinstance(m, Outputs) and m.deltas, "the failed requests' last deltas")
+        assert any(rid == "b" and o.finish_reason == "abort" and o.error_code == ErrorCode.ENGINE_UNAVAILABLE
+                   for rid, o in last.deltas)
     finally:
-        server_end.send(("stop",))
+        server_end.send(Stop())
         serving.join(30)
     assert not serving.is_alive()

@@ -1,8 +1,8 @@
 """The SGLang adapter keeps the engine interface's promises over a stand-in for sglang.Engine
 (SGLang's GPU kernels cannot run here): cumulative chunks become deltas that add up to the
 final text, meta_info statistics (0.5.23 and older names) become the same SpecStats the
-native engine reports, a client that goes away aborts its SGLang request, and a missing
-sglang package is one clear error."""
+native engine reports, a client that goes away or runs past the server's deadline aborts its
+SGLang request, and a missing sglang package is one clear error."""
 from __future__ import annotations
 
 import asyncio
@@ -161,15 +161,24 @@ def test_client_disconnect_aborts_the_sglang_request():
     assert eng.load == (0, 0)
 
 
-def test_deadline_aborts():
+def test_the_servers_deadline_aborts_the_sglang_request():
+    """The deadline is the server's (server/generation.py) for SGLang too: past it the request
+    gets 504 and its stream is closed, which aborts it in SGLang."""
+    from server.errors import APIError
+    from server.generation import Generation
+    from server.metrics import ServerMetrics
+
     eng, fake = make_engine(cumulative(["a", "ab"], {"finish_reason": {"type": "length"}}), delay=0.5)
 
     async def go():
         await eng.start()
-        return await collect(eng, SamplingParams(timeout_s=0.1), rid="slow")
-    outs = run(go())
-    assert outs[-1].finish_reason == "abort" and "timed out" in outs[-1].error
-    assert fake.tokenizer_manager.aborted == ["slow"]
+        gen = Generation(eng, ServerMetrics(eng).request(), "slow", "slow", [1, 2, 3], SamplingParams(), 0.1)
+        with pytest.raises(APIError) as e:
+            await gen.start()
+        return e.value
+    err = run(go())
+    assert (err.status, err.code, err.message) == (504, "timeout", "request timed out after 0.1 s")
+    assert fake.tokenizer_manager.aborted == ["slow"] and eng.load == (0, 0)
 
 
 def test_server_sigterm_handler_survives_sglang_start():

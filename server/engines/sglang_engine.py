@@ -5,6 +5,8 @@ final chunk's meta_info carries the finish reason ({type: stop|length|abort}), t
 and the speculative statistics, under 0.5.23 names (spec_num_correct_drafts, ...) or older
 0.5.x ones (spec_accept_token_num, ...); both are read into the same SpecStats as the native
 engine reports. Only the interface leaks out: the HTTP layer and metrics never see SGLang.
+The request deadline is the server's (server/generation.py): it closes the stream, which
+aborts the SGLang request.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from engine.api import EngineError, EngineInfo, GenerationOutput, SamplingParams, SpecStats
+from engine.api import EngineError, EngineInfo, ErrorCode, GenerationOutput, SamplingParams, SpecStats
 
 log = logging.getLogger("specserve.sglang")
 
@@ -209,37 +211,22 @@ class SGLangEngine:
                        params: SamplingParams) -> AsyncIterator[GenerationOutput]:
         if not self.ready:
             raise EngineError(self.dead or "engine is not ready")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + params.timeout_s if params.timeout_s else None
         cum, finished, stream = CumulativeToDelta(), False, None
         self._running += 1
 
         def final(reason: str, error: str | None, meta: dict | None = None, text="", ids=()) -> GenerationOutput:
             meta = meta or {}
             spec = spec_stats_from_meta(meta, self.info.draft_tokens) if self.info.speculative else None
-            return GenerationOutput(text=text, token_ids=list(ids), finish_reason=reason, error=error,
+            # SGLang gave up on this request alone, unless we are shutting it down
+            code = None if error is None else ErrorCode.ENGINE_ERROR if self.ready else ErrorCode.ENGINE_UNAVAILABLE
+            return GenerationOutput(text=text, token_ids=list(ids), finish_reason=reason, error=error, error_code=code,
                                     prompt_tokens=int(meta.get("prompt_tokens") or len(prompt_ids)),
                                     completion_tokens=int(meta.get("completion_tokens") or cum.n_ids), spec=spec,
                                     spec_step=spec)  # SGLang reports verify steps only on the final chunk
         try:
             stream = await self._engine.async_generate(
                 input_ids=list(prompt_ids), sampling_params=to_sglang_sampling(params), stream=True, rid=request_id)
-            it = stream.__aiter__()
-            while True:
-                try:
-                    if deadline is None:
-                        chunk = await it.__anext__()
-                    else:
-                        chunk = await asyncio.wait_for(it.__anext__(), max(0.0, deadline - loop.time()))
-                except StopAsyncIteration:
-                    finished = True
-                    yield final("abort", "sglang ended the stream without a finish reason")
-                    return
-                except asyncio.TimeoutError:
-                    self._abort(request_id)
-                    finished = True
-                    yield final("abort", "request timed out")
-                    return
+            async for chunk in stream:
                 meta = chunk.get("meta_info") or {}
                 text, ids = cum.delta(chunk)
                 reason, error = finish_from_meta(meta)
@@ -250,6 +237,8 @@ class SGLangEngine:
                 if text or ids:
                     yield GenerationOutput(text=text, token_ids=ids, prompt_tokens=len(prompt_ids),
                                            completion_tokens=cum.n_ids)
+            finished = True
+            yield final("abort", "sglang ended the stream without a finish reason")
         except ValueError as e:  # SGLang rejects a request (too long, bad sampling values) with ValueError
             finished = True
             yield final("abort", f"sglang rejected the request: {e}")
