@@ -58,10 +58,9 @@ class InFlight:
 
 
 # Inductor options for `compile=True`: coordinate descent tunes the block sizes of the
-# one-token GEMV reductions (as gpt-fast does): alone, an 8B GEMV then reads its weights at
-# 86-99% of copy bandwidth where cuBLAS reaches 59-88%. Benchmarked fusion keeps inductor
-# from fusing the RMSNorm/SiLU that feeds a GEMV into it when that is slower (it was: the
-# 8B step fell from 215 to 187 tok/s in one compile). benchmarks/decode_kernels.py has both.
+# one-token GEMV reductions (as gpt-fast does), which then read an 8B layer's weights faster
+# than cuBLAS. Benchmarked fusion keeps inductor from fusing the RMSNorm/SiLU that feeds a
+# GEMV into it when that is slower (it can be). Measured in benchmarks/results/h200_decode/.
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
 
 

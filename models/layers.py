@@ -107,10 +107,11 @@ class Linear(nn.Linear):
     """nn.Linear whose one-token product on GPU, under torch.compile, is a reduction over the input.
 
     At batch 1 a decode step is weight reads: cuBLAS cuts a narrow matrix (q/k/v, o_proj,
-    down_proj of an 8B layer) into fewer tiles than the GPU has SMs and reads it at 59-88% of
-    copy bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
-    blocks (86-99% once tuned: engine.decoder.COMPILE_OPTIONS). Accumulates in fp32 like
-    cuBLAS. Eager, CPU and multi-token calls use F.linear.
+    down_proj of an 8B layer) into fewer tiles than the GPU has SMs and reads it below copy
+    bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
+    blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
+    benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
+    multi-token calls use F.linear.
     """
     gemv_as_reduction = True  # class-wide switch, so benchmarks can time both side by side
 
