@@ -11,7 +11,6 @@ import json
 import re
 
 import pytest
-import torch
 
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import LoadedModels, NativeEngineArgs
@@ -89,9 +88,9 @@ def greedy_decode(pair: LoadedModels, spec: SpecConfig | None, prompts: list[lis
     return [o[:n] for o in outs]
 
 
+@pytest.mark.timeout(900)  # ~15 s alone on 2 cores; far longer when the machine is shared
 def test_real_pair_is_lossless_for_steps_1_to_6(pair):
     prompts = held_out_prompts(pair.tokenizer)
-    torch.set_num_threads(2)
-    baseline = greedy_decode(pair, None, prompts, 24)
+    baseline = greedy_decode(pair, None, prompts, 20)
     for steps in range(1, 7):
-        assert greedy_decode(pair, SpecConfig(steps), prompts, 24) == baseline, f"steps={steps}"
+        assert greedy_decode(pair, SpecConfig(steps), prompts, 20) == baseline, f"steps={steps}"
