@@ -158,8 +158,14 @@ def load_prompts(path: str | None, tok, n: int) -> list[list[int]]:
         for line in Path(path).read_text().splitlines()[:n]:
             rec = json.loads(line)
             texts.append(rec.get("messages") or rec["prompt"])
-    return [tok.apply_chat_template(t, add_generation_prompt=True, tokenize=True, return_dict=False)
-            if isinstance(t, list) else tok.encode(t) for t in texts]
+    return [encode_prompt(tok, t) for t in texts]
+
+
+def encode_prompt(tok, text: list[dict] | str) -> list[int]:
+    """Token ids of a chat (messages, with the generation prompt) or of a raw prompt."""
+    if isinstance(text, list):
+        return tok.apply_chat_template(text, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return tok.encode(text)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
-"""Load and leak check against a live server (issue 7): N streaming greedy requests at
-concurrency C, repeated for R rounds.
+"""Load and leak check against a live server (issue 7): N streaming requests at concurrency
+C, repeated for R rounds. Greedy by default; --sampled F gives a fraction of them random
+sampling parameters (temperature, top_p, top_k, seed) and --drop F makes a fraction of the
+clients hang up after their first few streamed chunks.
 
-Checked per round: zero errors; every output (text, token count, finish reason) identical to
-the same request sent alone first (lossless under load: batching and speculation must not
-change a greedy result); the running/waiting gauges back at 0 once the round is over (no
-leaked KV-cache slot or queue entry); the resident memory (psutil RSS) of the server and its
-child processes, the engine among them, after each round, which must stay flat from the
-second round on (no memory leak).
+Checked per round: zero errors; every greedy output (text, token count, finish reason) that
+was read to its end identical to the same request sent alone first (lossless under load:
+batching, speculation and sampled neighbours must not change a greedy result); every sampled
+output finished with at least one token; the running/waiting gauges back at 0 once the round
+is over (no leaked KV-cache slot or queue entry, dropped clients included); the resident
+memory (psutil RSS) of the server and its child processes, the engine among them, after each
+round, which must stay flat from the second round on (no memory leak).
 
   python -m benchmarks.reliability_load --profile cpu-default --requests 200 --concurrency 32 \\
       --rounds 4 --max-tokens 16,32 --name cpu-default
+  python -m benchmarks.reliability_load --profile cpu-default --steps 3 --sampled 0.33 --drop 0.1 ...
 
 starts the server itself (`launch/serve.sh --profile P`, or `python -m server --model M
 --draft D` without --profile) and writes benchmarks/results/reliability/load_<name>.json and
@@ -55,6 +59,7 @@ class Result:
     completion_tokens: int = -1
     finish_reason: str | None = None
     error: str | None = None
+    dropped: bool = False           # the client hung up on purpose (item["drop_after"])
 
     def same_output(self, other: Result) -> bool:
         return (self.text, self.completion_tokens, self.finish_reason) == \
@@ -81,12 +86,33 @@ def request_mix(n: int, max_tokens: list[int], completion_prompts=COMPLETION_PRO
     return items
 
 
+def vary(items: list[dict], sampled: float, drop: float, seed: int = 0) -> list[dict]:
+    """Copies of `items` where a `sampled` fraction gets random sampling parameters (and is
+    marked "sampled") and a `drop` fraction of clients hangs up after 1-3 streamed chunks
+    ("drop_after"); the two are drawn independently."""
+    rng = random.Random(seed)
+    out = []
+    for item in items:
+        item = {**item, "body": dict(item["body"])}
+        if rng.random() < sampled:
+            item["sampled"] = True
+            item["body"].update(temperature=round(rng.uniform(0.3, 1.3), 2), top_p=round(rng.uniform(0.5, 1.0), 2),
+                                top_k=rng.choice([-1, 5, 50]))
+            if rng.random() < 0.5:
+                item["body"]["seed"] = rng.randrange(1 << 31)
+        if rng.random() < drop:
+            item["drop_after"] = rng.randint(1, 3)
+        out.append(item)
+    return out
+
+
 def key(item: dict) -> str:
-    return json.dumps(item, sort_keys=True)
+    """The request itself (endpoint and body), whatever its client does with the stream."""
+    return json.dumps({"path": item["path"], "body": item["body"]}, sort_keys=True)
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, item: dict) -> Result:
-    text, usage, finish = [], None, None
+    text, usage, finish, chunks = [], None, None, 0
     try:
         async with client.stream("POST", url + item["path"], json=item["body"]) as r:
             if r.status_code != 200:
@@ -101,6 +127,9 @@ async def stream_one(client: httpx.AsyncClient, url: str, item: dict) -> Result:
                     text.append(c.get("text") or (c.get("delta") or {}).get("content") or "")
                     finish = c.get("finish_reason") or finish
                 usage = chunk.get("usage") or usage
+                chunks += 1
+                if chunks == item.get("drop_after"):  # leaving the `async with` closes the connection
+                    return Result(200, "".join(text), dropped=True)
     except httpx.HTTPError as e:
         return Result(-1, "".join(text), error=f"{type(e).__name__}: {e}")
     if usage is None:
@@ -145,9 +174,15 @@ def rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
 
 
+def bad_sample(r: Result) -> bool:
+    """A sampled output read to its end that did not finish normally with at least one token."""
+    return not r.dropped and (r.completion_tokens < 1 or r.finish_reason not in ("stop", "length"))
+
+
 def run(url: str, pid: int | None, items: list[dict], concurrency: int, rounds: int) -> dict:
-    """Alone pass (each distinct request once, sequentially), then `rounds` concurrent rounds."""
-    distinct = list({key(i): i for i in items}.values())
+    """Alone pass (each distinct greedy request once, sequentially, read to its end), then
+    `rounds` concurrent rounds."""
+    distinct = list({key(i): {"path": i["path"], "body": i["body"]} for i in items if not i.get("sampled")}.values())
     t0 = time.perf_counter()
     alone = {key(i): asyncio.run(run_concurrent(url, [i], 1))[0] for i in distinct}
     alone_s = time.perf_counter() - t0
@@ -159,16 +194,22 @@ def run(url: str, pid: int | None, items: list[dict], concurrency: int, rounds: 
         results = asyncio.run(run_concurrent(url, items, concurrency))
         wall = time.perf_counter() - t0
         errors = [r for r in results if r.error is not None]
-        mismatches = [(i, r) for i, r in zip(items, results) if r.error is None and not r.same_output(alone[key(i)])]
+        greedy = [(i, r) for i, r in zip(items, results) if r.error is None and not r.dropped and not i.get("sampled")]
+        mismatches = [(i, r) for i, r in greedy if not r.same_output(alone[key(i)])]
+        sampled = [(i, r) for i, r in zip(items, results) if r.error is None and i.get("sampled")]
+        bad = [(i, r) for i, r in sampled if bad_sample(r)]
         load = wait_idle(url)
         tokens = sum(max(r.completion_tokens, 0) for r in results)
         out["rounds"].append({
             "round": n, "wall_s": round(wall, 2), "tokens": tokens, "tok_s": round(tokens / wall, 1),
-            "errors": len(errors), "mismatches": len(mismatches), "idle_running": load[0], "idle_waiting": load[1],
+            "errors": len(errors), "greedy_compared": len(greedy), "mismatches": len(mismatches),
+            "sampled": len(sampled), "sampled_bad": len(bad), "dropped": sum(r.dropped for r in results),
+            "idle_running": load[0], "idle_waiting": load[1],
             "rss_mb": round(rss_mb(pid), 1) if pid else None,
             "first_error": asdict(errors[0]) if errors else None,
             "first_mismatch": {"request": mismatches[0][0], "got": asdict(mismatches[0][1]),
                                "alone": asdict(alone[key(mismatches[0][0])])} if mismatches else None,
+            "first_bad_sample": {"request": bad[0][0], "got": asdict(bad[0][1])} if bad else None,
         })
     rss = [r["rss_mb"] for r in out["rounds"]]
     if pid and len(rss) >= 2:
@@ -183,34 +224,39 @@ def markdown(result: dict, command: str) -> str:
              f"Server: {result.get('server', '-')}", "",
              (f"Alone pass: {result['distinct']} distinct requests sequentially in {result['alone_s']} s, "
               f"{result['alone_errors']} errors. RSS before the rounds: {result['rss_mb_before']} MiB."), "",
-             "| round | wall s | tokens | tok/s | errors | outputs != alone | running, waiting after | RSS MiB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| round | wall s | tokens | tok/s | errors | greedy compared | outputs != alone | sampled (bad) "
+             "| dropped | running, waiting after | RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rounds"]:
         lines.append(f"| {r['round']} | {r['wall_s']} | {r['tokens']} | {r['tok_s']} | {r['errors']} | "
-                     f"{r['mismatches']} | {r['idle_running']:.0f}, {r['idle_waiting']:.0f} | {r['rss_mb']} |")
+                     f"{r['greedy_compared']} | {r['mismatches']} | {r['sampled']} ({r['sampled_bad']}) | "
+                     f"{r['dropped']} | {r['idle_running']:.0f}, {r['idle_waiting']:.0f} | {r['rss_mb']} |")
     if "rss_growth_after_warmup" in result:
         lines += ["", f"RSS growth from round 2 to the last round: {100 * result['rss_growth_after_warmup']:.2f} %"]
-    lines += ["", (f"Verdict: {'PASS' if passed(result) else 'FAIL'} (zero errors, every output equal to the request "
-                   "alone, gauges back at 0 after every round, RSS growth after warm-up < 5 %)")]
+    lines += ["", (f"Verdict: {'PASS' if passed(result) else 'FAIL'} (zero errors, every greedy output read to its end "
+                   "equal to the request alone, every sampled one finished with tokens, gauges back at 0 after "
+                   "every round, RSS growth after warm-up < 5 %)")]
     return "\n".join(lines) + "\n"
 
 
 def passed(result: dict, max_growth: float = 0.05) -> bool:
     ok = result["alone_errors"] == 0 and all(
-        r["errors"] == 0 and r["mismatches"] == 0 and (r["idle_running"], r["idle_waiting"]) == (0, 0)
+        r["errors"] == 0 and r["mismatches"] == 0 and r["sampled_bad"] == 0
+        and (r["idle_running"], r["idle_waiting"]) == (0, 0)
         for r in result["rounds"])
     return ok and result.get("rss_growth_after_warmup", 0.0) < max_growth
 
 
 def start_server(model: str, draft: str | None, port: int, max_batch: int, log_path: Path, threads: int | None,
-                 profile: str | None = None) -> subprocess.Popen:
+                 profile: str | None = None, steps: int | None = None) -> subprocess.Popen:
     """`python -m server` for a model pair, or `launch/serve.sh --profile P` (serve.sh execs
-    Python, so the pid is the server's either way)."""
+    Python, so the pid is the server's either way); `steps`: --steps for either."""
     if profile:
         cmd = [str(PROJECT_ROOT / "launch" / "serve.sh"), "--profile", profile, "--port", str(port)]
     else:
         cmd = [sys.executable, "-m", "server", "--model", model, "--port", str(port), "--max-batch", str(max_batch),
                "--device", "cpu", "--log-level", "warning"] + (["--draft", draft] if draft else [])
+    cmd += ["--steps", str(steps)] if steps else []
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PATH": os.path.dirname(sys.executable) + os.pathsep +
            os.environ.get("PATH", "")}
     if threads:
@@ -245,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--max-tokens", default="16,32", help="comma-separated max_tokens values to mix")
+    ap.add_argument("--steps", type=int, help="--steps for the server it starts (a profile's speculation on)")
+    ap.add_argument("--sampled", type=float, default=0.0, help="fraction of requests with random sampling parameters")
+    ap.add_argument("--drop", type=float, default=0.0, help="fraction of clients that hang up mid-stream")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the server it starts")
     ap.add_argument("--name", default="shipped")
@@ -257,12 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.server_proc import free_port
         port = free_port()
         log = PROJECT_ROOT / "runs" / "reliability" / f"load_{args.name}.log"  # git-ignored
-        proc = start_server(args.model, args.draft or None, port, args.max_batch, log, args.threads, args.profile)
+        proc = start_server(args.model, args.draft or None, port, args.max_batch, log, args.threads, args.profile,
+                            args.steps)
         url, pid = f"http://127.0.0.1:{port}", proc.pid
     try:
         wait_healthy(url, proc)
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        items = request_mix(args.requests, [int(m) for m in args.max_tokens.split(",")], model=model)
+        items = vary(request_mix(args.requests, [int(m) for m in args.max_tokens.split(",")], model=model),
+                     args.sampled, args.drop)
         result = run(url, pid, items, args.concurrency, args.rounds)
     finally:
         if proc is not None:
@@ -270,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(60)
     started = (f"launch/serve.sh --profile {args.profile}" if args.profile else
                f"python -m server --model {args.model} --draft {args.draft} --max-batch {args.max_batch}")
+    started += f" --steps {args.steps}" if args.steps else ""
     result["server"] = (f"{started} (OMP_NUM_THREADS={args.threads or 'unset'}), {os.cpu_count()} CPU cores"
                         if proc is not None else url)
     result["provenance"] = prov

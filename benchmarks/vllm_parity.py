@@ -4,7 +4,8 @@ vLLM's CPU build lives in its own environment (`make vllm-venv`), so the vLLM si
 subprocess under .venv-vllm (benchmarks/vllm_parity_vllm.py), the native side in this process
 (benchmarks/vllm_parity_native.py), and benchmarks/vllm_parity_compare.py compares them.
 Prompts (JSONL of {"messages": [...]}, rendered with the target's chat template, or
-{"prompt": str}) are tokenized once here and sent to both engines as token ids.
+{"prompt": str}; one file or several, the first N of each) are tokenized once here and sent
+to both engines as token ids.
 
 vLLM reads the drafter's aux ids as INPUTS of layers (training-side output ids + 1, DESIGN §10)
 and must not get d2t/t2d when the draft vocabulary is the target's, so it gets a copy of the
@@ -83,8 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True, help="HF folder of the target")
     ap.add_argument("--draft", required=True, help="EAGLE-3 drafter folder (models/eagle3_checkpoint.py format)")
-    ap.add_argument("--prompts", default=str(PROJECT_ROOT / "shipped" / "data" / "heldout_prompts.jsonl"))
-    ap.add_argument("--num-prompts", type=int, default=12, help="the first N prompts of the file")
+    ap.add_argument("--prompts", nargs="+", default=[str(PROJECT_ROOT / "shipped" / "data" / "heldout_prompts.jsonl")])
+    ap.add_argument("--num-prompts", type=int, nargs="+", default=[12],
+                    help="the first N prompts of each file (one N for all, or one per file)")
     ap.add_argument("--num-speculative-tokens", type=int, default=3, help="vLLM's k = native chain steps")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="float32")
@@ -95,8 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     name = args.name or Path(args.target).name
+    counts = args.num_prompts * len(args.prompts) if len(args.num_prompts) == 1 else args.num_prompts
+    if len(counts) != len(args.prompts):
+        ap.error(f"--num-prompts: {len(args.num_prompts)} counts for {len(args.prompts)} prompt files")
 
-    prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.num_prompts)
+    tok = load_tokenizer(args.target)
+    prompts = [ids for path, n in zip(args.prompts, counts) for ids in load_prompts(path, tok, n)]
     with tempfile.TemporaryDirectory(prefix="vllm_parity_") as tmp:
         work = Path(tmp)
         draft = vllm_drafter_dir(args.draft, work / "draft")

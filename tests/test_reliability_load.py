@@ -2,7 +2,8 @@
 a live `python -m server` process (tiny target + fitted EAGLE-3 drafter, batch 16, so half the
 clients queue), four rounds. Every round: zero errors, every output identical to the same
 request alone, running/waiting gauges back to 0 (no KV-slot leak), and the server's resident
-memory flat from round 2 to round 4 (< 5 % growth).
+memory flat from round 2 to round 4 (< 5 % growth). Then the same with a third of the requests
+sampled and a tenth of the clients hanging up mid-stream.
 
 The same check on the shipped pair is benchmarks/reliability_load.py (results in
 benchmarks/results/reliability/)."""
@@ -40,3 +41,18 @@ def test_200_streams_at_concurrency_32_lossless_no_slot_or_memory_leak(server):
         assert (r["idle_running"], r["idle_waiting"]) == (0, 0), f"round {r['round']}: slots still held"
         assert r["tokens"] > 200 * 8 // 2
     assert result["rss_growth_after_warmup"] < 0.05, [r["rss_mb"] for r in result["rounds"]]
+
+
+def test_sampled_neighbours_and_clients_hanging_up_change_no_greedy_output_and_leak_no_slot(server):
+    url, proc = server
+    items = rl.vary(rl.request_mix(120, [8, 16, 24], h.COMPLETION_PROMPTS, h.CHAT_PROMPTS), sampled=1 / 3, drop=0.1)
+    assert any(i.get("sampled") for i in items) and any("drop_after" in i for i in items)
+    result = rl.run(url, proc.pid, items, concurrency=32, rounds=2)
+    assert result["alone_errors"] == 0
+    for r in result["rounds"]:
+        assert r["errors"] == 0, r["first_error"]
+        assert r["mismatches"] == 0, r["first_mismatch"]
+        assert r["sampled_bad"] == 0, r["first_bad_sample"]
+        assert r["dropped"] > 0 and r["sampled"] > 0 and r["greedy_compared"] > 0
+        assert (r["idle_running"], r["idle_waiting"]) == (0, 0), f"round {r['round']}: slots still held"
+    assert rl.passed(result)
