@@ -20,8 +20,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 W=runs/smollm2; mkdir -p $W
 GGUF=$W/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-N_PROMPTS=${N_PROMPTS:-80000}; PROMPTS_S=${PROMPTS_S:-150}; DATA_S=${DATA_S:-300}
-MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-1024}; VOCAB=${VOCAB:-8192}
+N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-190}; DATA_S=${DATA_S:-270}
+MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-2048}; VOCAB=${VOCAB:-8192}
 SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-auto}; TRAIN_S=${TRAIN_S:-400}; LR=${LR:-1e-3}
 TRAIN_BATCH=${TRAIN_BATCH:-32}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
@@ -39,23 +39,27 @@ assemble() {
     [ -f $W/target/config.json ] || python3 -m drafter export-hf $GGUF $W/target || exit 3  # float32: Q4_1 is exact there
 }
 
-# The target writes N_PROMPTS user prompts (a fifth become raw openings), then answers each
-# (greedy); each step stops at its time limit, and what is answered then is sharded.
+# The target writes user prompts (a fifth become raw openings) until N_PROMPTS are written,
+# counting the ones session 6 wrote (shipped/smollm2/data/self_prompts.jsonl.gz: the run resumes
+# from them), then answers each (greedy); each step stops at its time limit, and what is
+# answered then is sharded. Answers need at most ~700 positions (prompt <= 128 tokens, system
+# prompt and template, answer <= 512): a 1,024-token context keeps every attention span short.
 data() {
     wheels; assemble
+    [ -f $W/prompts.jsonl ] || zcat shipped/smollm2/data/self_prompts.jsonl.gz > $W/prompts.jsonl
     log "prompts: $N_PROMPTS, at most ${PROMPTS_S}s"
     python3 -m drafter prompts --target $W/target --out $W/prompts.jsonl --num "$N_PROMPTS" --time-limit "$PROMPTS_S" \
       --max-tokens 128 --max-batch "$BATCH" --max-context 512 --concurrency $((4 * BATCH)) --device "$DEVICE" > $W/prompts.log 2>&1
     tail -1 $W/prompts.log | tee $W/prompts_stats.json
     log "answers: max $MAX_TOKENS tokens, at most ${DATA_S}s"
     python3 -m drafter data --prompts $W/prompts.jsonl --out $W/data --target $W/target --time-limit "$DATA_S" \
-      --max-tokens "$MAX_TOKENS" --max-batch "$BATCH" --max-context 2048 --concurrency $((4 * BATCH)) \
+      --max-tokens "$MAX_TOKENS" --max-batch "$BATCH" --max-context 1024 --concurrency $((4 * BATCH)) \
       --device "$DEVICE" > $W/data.log 2>&1
     tail -1 $W/data.log | tee $W/data_stats.json
     log "vocab $VOCAB"; python3 -m drafter vocab --data $W/data --size "$VOCAB" --target $W/target | tee $W/vocab.json
-    log "training probe: 40 steps"  # seconds per step, from which `train` sizes its epochs
-    rm -rf $W/probe; python3 -m drafter train --target $W/target --data $W/data --out $W/probe --max-steps 40 \
-      --batch-size "$TRAIN_BATCH" --max-length 1024 --lr "$LR" --log-every 20 --save-every 1000 --device "$DEVICE" \
+    log "training probe: 30 steps"  # seconds per step, from which `train` sizes its epochs
+    rm -rf $W/probe; python3 -m drafter train --target $W/target --data $W/data --out $W/probe --max-steps 30 \
+      --batch-size "$TRAIN_BATCH" --max-length 1024 --lr "$LR" --log-every 10 --save-every 1000 --device "$DEVICE" \
       > $W/probe.log 2>&1
     python3 -c "import json; r = [json.loads(l) for l in open('$W/probe/log.jsonl')]; \
 print(json.dumps({'s_per_step': round((r[-1]['elapsed_s'] - r[0]['elapsed_s']) / 20, 4)}))" | tee $W/probe.json
