@@ -20,6 +20,8 @@ class ErrorCode(str, enum.Enum):
     ENGINE_UNAVAILABLE = "engine_unavailable"  # not ready, dead or shut down
     ENGINE_ERROR = "engine_error"              # the engine gave up on this request alone
     TIMEOUT = "timeout"                        # past the request's deadline (server/generation.py)
+    INVALID_REQUEST = "invalid_value"          # the engine cannot serve what was asked (a grammar that
+                                               # does not compile, a field this engine lacks): a 400
 
 
 class EngineError(RuntimeError):
@@ -29,6 +31,25 @@ class EngineError(RuntimeError):
     def __init__(self, message: str, code: ErrorCode = ErrorCode.ENGINE_UNAVAILABLE):
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Structured output: the grammar every emitted token must keep valid (engine/grammar.py
+    compiles it with xgrammar). kind: json_object (any JSON object) | json_schema (`spec` is the
+    schema as JSON text) | regex | grammar (EBNF, xgrammar's dialect) | choice (`spec` a list of
+    strings). `field`: the request field it came from, named in a compile error."""
+    kind: str
+    spec: str | tuple[str, ...] = ""
+    field: str = "response_format"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one emitted token (before penalties, bias, grammar and
+    temperature: vLLM's default raw_logprobs) and the `top` most likely (token id, logprob)."""
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -42,10 +63,26 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     detokenize: bool = True         # False: token ids only, no text and no stop strings (offline data generation)
+    # Logits processing (engine/logits_processing.py), as vLLM defines it: presence and frequency
+    # over the output tokens, repetition (divide positive logits, multiply negative) over prompt and
+    # output; logit_bias added per token id; EOS and stop ids blocked for the first min_tokens.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    constraint: Constraint | None = None
+    logprobs: int | None = None     # None: none; k: each emitted token's logprob and the top k (0..20)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether this request changes the target's logits before a token is chosen."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens or self.logit_bias or self.constraint)
 
 
 @dataclass
@@ -111,6 +148,7 @@ class GenerationOutput:
     error: str | None = None
     spec_step: SpecStats | None = None
     error_code: ErrorCode | None = None  # with `error`; None there reads as ENGINE_ERROR
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -122,7 +160,9 @@ class GenerationOutput:
                                 finish_reason=later.finish_reason, prompt_tokens=later.prompt_tokens,
                                 completion_tokens=later.completion_tokens, spec=later.spec, error=later.error,
                                 spec_step=later.spec_step.plus(self.spec_step) if later.spec_step else self.spec_step,
-                                error_code=later.error_code)
+                                error_code=later.error_code,
+                                logprobs=None if self.logprobs is None and later.logprobs is None
+                                else (self.logprobs or []) + (later.logprobs or []))
 
 
 @dataclass

@@ -8,6 +8,11 @@ compact the accepted path in the target cache -> drafter extend over the accepte
 Rejected positions need no rollback: they lie beyond the committed length and are masked
 out, then overwritten. Greedy chain and plain steps run device-side (`launch`/`collect`), so
 the next one can be launched before the host has read the current one.
+
+Rows with logits processing or logprobs (BatchSampling.host_side) take the host path: each
+row's LogitsProcessor turns the target's logits into the distribution tokens are chosen (and
+drafts verified) from, at every node (engine/logits_processing.py); logprobs come from the same
+forward, at the node that chose each emitted token, so they do not depend on speculation.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.api import TokenLogprob
 from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
 from engine.greedy_cycle import chain_greedy, plain_greedy
@@ -69,6 +75,7 @@ class StepResult:
     tokens: list[int]            # new tokens of this row, in order
     proposed: int = 0            # draft tokens verified (0 without speculation)
     accepted: int = 0            # of which accepted
+    logprobs: list[TokenLogprob] | None = None  # one per token, for rows that asked
 
 
 class BatchDecoder:
@@ -153,6 +160,10 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def prefill_batch(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[int]:
+        return [r.tokens[0] for r in self.prefill_rows(row, prompts, sampling)]
+
+    @torch.inference_mode()
+    def prefill_rows(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[StepResult]:
         """Fill rows row .. row + len(prompts) - 1 with `prompts` in one target forward (and one
         drafter forward); return each row's first generated token. Prompts are right-padded to
         the longest: pad positions land past each row's committed length, where every later
@@ -168,7 +179,7 @@ class BatchDecoder:
         inputs = block_inputs(torch.zeros(n, dtype=torch.long, device=dev), causal(n, width, dev), depth, span,
                               row_offset=row)
         out = self.target(tokens, inputs, capture_aux=self.spec is not None, logits_at=last.view(n, 1))
-        probs = probs_from_logits(out.logits, sampling)[:, 0]
+        probs = probs_from_logits(self._process(out.logits, sampling, [[[]]] * n), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + n] = lens
         self.pending[row:row + n] = first
@@ -181,7 +192,9 @@ class BatchDecoder:
             pick = torch.arange(n, device=dev)
             self.draft_logits[row:row + n] = d.logits[pick, last]
             self.draft_hidden[row:row + n] = d.hidden[pick, last]
-        return first.tolist()
+        firsts = first.tolist()
+        logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
+        return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
 
     @torch.inference_mode()
     def warm_up(self, max_rows: int) -> None:
@@ -203,7 +216,8 @@ class BatchDecoder:
 
     def device_side(self, sampling: BatchSampling) -> bool:
         """Whether steps for this batch run device-side (launch/collect, no host decisions)."""
-        return self.fast_greedy and sampling.all_greedy and (self.spec is None or self.spec.topk == 1)
+        return (self.fast_greedy and sampling.all_greedy and not sampling.host_side
+                and (self.spec is None or self.spec.topk == 1))
 
     def _step_reach(self) -> int:
         """Cache positions past the host's committed lengths the next device-side step may
@@ -256,12 +270,14 @@ class BatchDecoder:
         inputs = block_inputs(base, ones, torch.zeros(rows, 1, dtype=torch.long, device=self.device),
                               self._span(rows, 1))
         out = self.target(self.pending[:rows].unsqueeze(1), inputs)
-        p = probs_from_logits(out.logits, sampling)[:, 0]
+        p = probs_from_logits(self._process(out.logits, sampling, [[[]]] * rows), sampling)[:, 0]
         new = p.argmax(-1) if sampling.all_greedy else sample_rows(p, sampling.generators)
         self.pending[:rows] = new
         for b in range(rows):
             self.lens[b] += 1
-        return [StepResult([t]) for t in new.tolist()]
+        tokens = new.tolist()
+        logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in tokens])
+        return [StepResult([t], logprobs=lp) for t, lp in zip(tokens, logprobs)]
 
     def _spec_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
         spec, dev = self.spec, self.device
@@ -270,11 +286,13 @@ class BatchDecoder:
         state = DraftState(self.draft_logits[:rows], self.draft_hidden[:rows])
         root = self.pending[:rows]
         if spec.topk == 1:
-            tree = draft_chain(self.drafter, state, root, base, spec.steps, sampling, span)
+            tree = draft_chain(self.drafter, state, root, base, spec.steps, sampling, span, self._draft_masks(sampling))
         else:
             tree = draft_tree(self.drafter, state, root, base, spec.steps, spec.topk, spec.num_draft_tokens, span)
         out = self.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True)
-        results = accept(tree, probs_from_logits(out.logits, sampling), sampling)
+        logits = self._process(out.logits, sampling, _node_paths(tree) if sampling.processors else None)
+        results = accept(tree, probs_from_logits(logits, sampling), sampling)
+        logprobs = self._logprobs(out.logits, sampling, [list(zip([0] + r.path, r.tokens)) for r in results])
 
         # Accepted nodes, root first; the target cache must hold them at base .. base + a.
         paths = [[0] + r.path for r in results]
@@ -294,7 +312,53 @@ class BatchDecoder:
             self.lens[b] += len(p)
         # "Proposed" = draft tokens along the deepest path: steps for a chain, tree depth otherwise.
         proposed = tree.depth.max(-1).values.tolist()
-        return [StepResult(r.tokens, proposed=proposed[b], accepted=len(r.path)) for b, r in enumerate(results)]
+        return [StepResult(r.tokens, proposed=proposed[b], accepted=len(r.path), logprobs=logprobs[b])
+                for b, r in enumerate(results)]
+
+    # -- logits processing and logprobs (host-side rows) -------------------------------------
+    def _process(self, logits: torch.Tensor, sampling: BatchSampling, paths) -> torch.Tensor:
+        """logits [B, N, V] -> each row's processed logits; paths[b][i]: the drafts on node i's path."""
+        if sampling.processors is None:
+            return logits
+        return torch.stack([logits[b].float() if proc is None else proc.apply(logits[b], paths[b])
+                            for b, proc in enumerate(sampling.processors)])
+
+    def _draft_masks(self, sampling: BatchSampling):
+        """`allowed` for draft_chain: each grammar row's mask over the draft vocabulary."""
+        procs = sampling.processors
+        if procs is None or all(p is None or p.matcher is None for p in procs):
+            return None
+        ids = self.drafter.draft_to_target(torch.arange(self.drafter.config.draft_vocab_size, device=self.device))
+        free = torch.ones(ids.shape[0], dtype=torch.bool, device=self.device)
+
+        def allowed(drafts: list[torch.Tensor]) -> torch.Tensor:
+            paths = torch.stack(drafts, 1).tolist() if drafts else [[] for _ in procs]
+            rows = [free if p is None or p.matcher is None else p.draft_mask(path)[ids]
+                    for p, path in zip(procs, paths)]
+            mask = torch.stack(rows)
+            mask[~mask.any(-1)] = True  # the grammar allows nothing in the draft vocabulary: draft freely
+            return mask
+        return allowed
+
+    def _logprobs(self, logits: torch.Tensor, sampling: BatchSampling,
+                  picks: list[list[tuple[int, int]]]) -> list[list[TokenLogprob] | None]:
+        """picks[b]: (node, token) of each token row b emitted; the raw target logits [B, N, V] at
+        that node give its logprob and the top k."""
+        ks = sampling.logprobs
+        if ks is None:
+            return [None] * len(picks)
+        want = [(b, node, tok) for b, k in enumerate(ks) if k is not None for node, tok in picks[b]]
+        b_idx, n_idx, t_idx = (torch.tensor(c, device=self.device) for c in zip(*want))
+        lp = logits[b_idx, n_idx].float().log_softmax(-1)
+        chosen = lp.gather(1, t_idx.unsqueeze(1))[:, 0].tolist()
+        kmax = max(k for k in ks if k is not None)
+        top_v, top_i = lp.topk(kmax, dim=-1) if kmax else (lp[:, :0], lp[:, :0].long())
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+        out: list[list[TokenLogprob] | None] = [None if k is None else [] for k in ks]
+        for j, (b, _, _) in enumerate(want):
+            k = ks[b]
+            out[b].append(TokenLogprob(chosen[j], tuple(zip(top_i[j][:k], top_v[j][:k]))))
+        return out
 
     def _compact_target(self, paths: list[list[int]], base: torch.Tensor) -> None:
         moves = [(b, i, node) for b, p in enumerate(paths) for i, node in enumerate(p) if node != i]
@@ -318,3 +382,14 @@ class BatchDecoder:
             self.draft_logits[dst] = self.draft_logits[src]
             self.draft_hidden[dst] = self.draft_hidden[src]
 
+
+
+def _node_paths(tree) -> list[list[list[int]]]:
+    """[b][i]: the draft tokens from the root's child down to node i (node 0: [])."""
+    out = []
+    for toks, parents in zip(tree.tokens.tolist(), tree.parents.tolist()):
+        paths = [[]]
+        for i in range(1, len(toks)):
+            paths.append(paths[parents[i]] + [toks[i]])
+        out.append(paths)
+    return out

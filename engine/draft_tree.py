@@ -8,6 +8,7 @@ log-probability (SGLang's meaning of topk and num_draft_tokens) and carry no q.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -33,14 +34,20 @@ class DraftState:
 
 
 def draft_chain(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, base_len: torch.Tensor,
-                steps: int, sampling: BatchSampling, span: int) -> DraftTree:
-    """`steps` drafts per row, each sampled (or argmax for greedy rows) from the drafter."""
+                steps: int, sampling: BatchSampling, span: int,
+                allowed: Callable[[list[torch.Tensor]], torch.Tensor | None] | None = None) -> DraftTree:
+    """`steps` drafts per row, each sampled (or argmax for greedy rows) from the drafter.
+    `allowed(drafts so far)`: the draft-vocabulary tokens [B, Vd] each row may draft next (a
+    grammar's mask); q is the masked distribution, so rejection sampling stays exact."""
     b, dev = root.shape[0], root.device
     logits, hidden = state.logits, state.hidden
     tokens, qs = [root], []
     want_q = not sampling.all_greedy
     vocab = drafter.config.vocab_size
     for j in range(1, steps + 1):
+        mask = allowed(tokens[1:]) if allowed is not None else None
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
         q = probs_from_logits(logits.unsqueeze(1), sampling)[:, 0]        # [B, Vd]
         draft = _pick(q, sampling)
         tok = drafter.draft_to_target(draft)

@@ -37,6 +37,7 @@ class NativeEngineArgs:
     cpu_threads: int = 0            # 0: one core less than the machine has (at most 8), see cpu_threads()
     compile: bool = False           # torch.compile the decode steps (GPU: a minute or more per batch size)
     compile_max_batch: int = 1      # with compile: batch sizes compiled before serving (larger: on first use)
+    grammar_timeout_s: float = 10.0  # a structured-output grammar not compiled by then: the request gets a 400
 
     @property
     def speculation(self) -> SpecConfig | None:
@@ -142,4 +143,4 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         return decoder, models.tokenizer, info
 
     return NativeEngine(load, info, max_waiting=args.max_waiting, prefill_tokens=args.prefill_tokens,
-                        prefill_min_rows=args.prefill_min_rows)
+                        prefill_min_rows=args.prefill_min_rows, grammar_timeout_s=args.grammar_timeout_s)

@@ -19,11 +19,20 @@ class BatchSampling:
     top_k: torch.Tensor
     generators: list[torch.Generator | None]
     greedy: bool | None = None  # known on the host: saves a device sync per step
+    # Per row, or None when no row has one: a LogitsProcessor (engine/logits_processing.py), and
+    # how many top logprobs to report (None: no logprobs). Either keeps steps on the host path.
+    processors: list | None = None
+    logprobs: list[int | None] | None = None
 
     @classmethod
     def all_greedy_rows(cls, rows: int, device) -> "BatchSampling":
         return cls(torch.zeros(rows, device=device), torch.ones(rows, device=device),
                    torch.zeros(rows, dtype=torch.long, device=device), [None] * rows, greedy=True)
+
+    @property
+    def host_side(self) -> bool:
+        """Whether some row needs the host between logits and tokens (processing, logprobs)."""
+        return self.processors is not None or self.logprobs is not None
 
     @property
     def all_greedy(self) -> bool:

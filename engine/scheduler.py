@@ -10,11 +10,16 @@ On GPU, device-side (greedy) steps overlap: the next step is launched before the
 reads and streams the current one, unless the batch is about to change.
 Deadlines are not checked here: the server enforces them (server/generation.py) and aborts
 a late request like any other.
+A request with a structured-output constraint waits for its grammar (compiled in a worker
+thread, engine/grammar.py) before it queues; one that fails to compile, or takes longer than
+`grammar_timeout_s`, ends with INVALID_REQUEST. Each admitted request that processes logits
+gets a LogitsProcessor, fed every token it emits.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -35,11 +40,14 @@ from engine.api import (
 )
 from engine.decoder import BatchDecoder, InFlight
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar import GrammarError, Grammars
+from engine.logits_processing import LogitsProcessor
 from engine.sampling import BatchSampling
 
 log = logging.getLogger("specserve.engine")
 
 SHUTDOWN_TIMEOUT_S = 30.0
+GRAMMAR_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -53,6 +61,9 @@ class _Request:
     spec: SpecStats | None
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    grammar: concurrent.futures.Future | None = None  # the constraint compiling, then compiled
+    grammar_deadline: float = 0.0
+    processor: LogitsProcessor | None = None
 
 
 def eos_ids(target, tokenizer) -> set[int]:
@@ -67,7 +78,8 @@ class NativeEngine:
     """Implements engine.api.Engine. `load_fn` builds (decoder, tokenizer, info) when started."""
 
     def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo,
-                 max_waiting: int = 256, prefill_tokens: int = 8192, prefill_min_rows: int = 1):
+                 max_waiting: int = 256, prefill_tokens: int = 8192, prefill_min_rows: int = 1,
+                 grammar_timeout_s: float = GRAMMAR_TIMEOUT_S):
         self._load_fn = load_fn
         self.info = info
         # Admission: one prefill forward takes waiting requests while their padded length fits
@@ -79,6 +91,9 @@ class NativeEngine:
         self.max_waiting = max_waiting
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: collections.deque[_Request] = collections.deque()
+        self._compiling: list[_Request] = []  # waiting for their grammar (count as waiting)
+        self.grammar_timeout_s = grammar_timeout_s
+        self._grammars: Grammars | None = None  # made on the first constrained request
         self._active: list[_Request] = []
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
@@ -169,6 +184,14 @@ class NativeEngine:
             if self._n_waiting >= self.max_waiting:
                 raise EngineError(f"server is overloaded: {self._n_waiting} requests waiting", ErrorCode.OVERLOADED)
             self._n_waiting += 1
+        grammar = None
+        if params.constraint is not None:
+            try:
+                grammar = self._grammar_compiler().submit(params.constraint)
+            except EngineError:
+                self._left_queue()
+                raise
+            grammar.add_done_callback(lambda _: self._inbox.put(None))  # wake the engine loop
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.decoder.device)
@@ -178,11 +201,23 @@ class NativeEngine:
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop) if params.detokenize else None,
             generator=gen,
             spec=SpecStats() if self.decoder.spec else None,
+            grammar=grammar, grammar_deadline=time.monotonic() + self.grammar_timeout_s,
         ))
         if self.dead is not None or self._stop.is_set():
             # The thread died (or stopped) while we queued: its last inbox drain may have run
             # before our put, and nobody would ever answer. `dead` is set before that drain.
             raise EngineError(self.dead or "engine is shutting down")
+
+    def _grammar_compiler(self) -> Grammars:
+        with self._lock:
+            if self._grammars is None:
+                try:
+                    self._grammars = Grammars(self.tokenizer, self.decoder.target.config.vocab_size,
+                                              sorted(self.eos_ids))
+                except Exception as e:  # xgrammar missing, or a tokenizer it cannot read
+                    raise EngineError(f"structured outputs are not available: {type(e).__name__}: {e}",
+                                      ErrorCode.INVALID_REQUEST) from None
+            return self._grammars
 
     def abort(self, request_id: str) -> None:
         """Drop a request (waiting or running) before the engine's next step; no more deltas."""
@@ -197,6 +232,7 @@ class NativeEngine:
                 if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
+                self._check_grammars()
                 self._admit()
                 self.flush()  # first tokens go out now, not after the step below
                 if self._active:
@@ -207,10 +243,13 @@ class NativeEngine:
             self.dead = f"engine failed: {type(e).__name__}: {e}"
         else:  # shut down: whatever is still here gets an answer too
             self.dead = "engine has shut down"
-        for r in self._active + list(self._waiting):
+        for r in self._active + list(self._waiting) + self._compiling:
             r.emit(self._failed(prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
         self._active.clear()
         self._waiting.clear()
+        self._compiling.clear()
+        if self._grammars is not None:
+            self._grammars.shutdown()
         self._drain_inbox(block=False, fail=True)
         self.flush()
 
@@ -222,7 +261,7 @@ class NativeEngine:
                     if fail:
                         item.emit(self._failed())
                     else:
-                        self._waiting.append(item)
+                        (self._compiling if item.grammar is not None else self._waiting).append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
@@ -237,11 +276,42 @@ class NativeEngine:
             return
         ids = set(self._aborted)
         self._aborted -= ids
+        for r in [r for r in self._compiling if r.id in ids]:
+            self._compiling.remove(r)
+            r.grammar.cancel()
+            self._left_queue()
         for r in [r for r in self._waiting if r.id in ids]:
             self._waiting.remove(r)
             self._left_queue()
         for i in reversed([i for i, r in enumerate(self._active) if r.id in ids]):
             self._release(i)
+
+    def _check_grammars(self) -> None:
+        """Queue requests whose grammar compiled; refuse those that failed or ran out of time
+        (the compile thread finishes on its own: xgrammar cannot be interrupted)."""
+        now = time.monotonic()
+        for r in list(self._compiling):
+            error = None
+            if r.grammar.done():
+                try:
+                    r.grammar.result()
+                except GrammarError as e:
+                    error = str(e)
+                except Exception as e:
+                    error = f"{r.params.constraint.field}: {type(e).__name__}: {e}"
+            elif now > r.grammar_deadline:
+                r.grammar.cancel()
+                error = (f"{r.params.constraint.field}: the grammar did not compile within "
+                         f"{self.grammar_timeout_s:g} s")
+            else:
+                continue
+            self._compiling.remove(r)
+            if error is None:
+                self._waiting.append(r)
+                continue
+            self._left_queue()
+            r.emit(GenerationOutput(finish_reason="abort", error=error, error_code=ErrorCode.INVALID_REQUEST,
+                                    prompt_tokens=len(r.prompt)))
 
     def _left_queue(self) -> None:
         with self._lock:
@@ -269,10 +339,14 @@ class NativeEngine:
             for r in group:
                 self._left_queue()
                 self._active.append(r)
+                if r.params.processes_logits:
+                    r.processor = LogitsProcessor(
+                        r.params, r.prompt, dec.target.config.vocab_size, dec.device, sorted(self.eos_ids),
+                        self._grammars, r.grammar.result() if r.grammar is not None else None)
             self._batch_sampling = None
-            firsts = dec.prefill_batch(row, [r.prompt for r in group], self._sampling(group))
+            firsts = dec.prefill_rows(row, [r.prompt for r in group], self._sampling(group))
             for i, first in enumerate(firsts):
-                self._consume(row + i, [first])
+                self._consume(row + i, first.tokens, logprobs=first.logprobs)
             for i in reversed(range(row, row + len(group))):
                 if self._active[i].finish_reason:
                     self._release(i)
@@ -307,7 +381,7 @@ class NativeEngine:
             if r.spec is not None:
                 r.spec.record(res.proposed, res.accepted)
                 step = SpecStats.of_step(res.proposed, res.accepted)
-            self._consume(row, res.tokens, step)
+            self._consume(row, res.tokens, step, res.logprobs)
         if any(r.finish_reason for r in self._active):
             if self._next is not None:
                 self._finish_next()
@@ -324,9 +398,12 @@ class NativeEngine:
             top_k=torch.tensor([r.params.top_k for r in reqs], device=dev),
             generators=[r.generator for r in reqs],
             greedy=all(r.params.greedy for r in reqs),
+            processors=[r.processor for r in reqs] if any(r.processor for r in reqs) else None,
+            logprobs=[r.params.logprobs for r in reqs] if any(r.params.logprobs is not None for r in reqs) else None,
         )
 
-    def _consume(self, row: int, tokens: list[int], spec_step: SpecStats | None = None) -> None:
+    def _consume(self, row: int, tokens: list[int], spec_step: SpecStats | None = None,
+                 logprobs: list | None = None) -> None:
         """Apply new tokens one by one until a stop condition; emit one delta (with the verify
         step that made them: its drafts count even when the request ends inside the run)."""
         r, p = self._active[row], self._active[row].params
@@ -334,6 +411,8 @@ class NativeEngine:
         for t in tokens:
             r.output.append(t)
             new.append(t)
+            if r.processor is not None:
+                r.processor.accept(t)
             if not p.ignore_eos and t in self.eos_ids or t in p.stop_token_ids:
                 r.finish_reason = "stop"
                 break
@@ -349,6 +428,7 @@ class NativeEngine:
             text=r.detok.take(final=r.finish_reason is not None) if r.detok else "", token_ids=new,
             finish_reason=r.finish_reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
             spec=r.spec if r.finish_reason else None, spec_step=spec_step,
+            logprobs=logprobs[:len(new)] if logprobs is not None else None,
         ))
 
     def _release(self, row: int) -> None:
