@@ -63,6 +63,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     detokenize: bool = True         # False: token ids only, no text and no stop strings (offline data generation)
+    skip_special_tokens: bool = True  # False: special tokens' text too (tool-call markers, as SGLang does)
     # Logits processing (engine/logits_processing.py), as vLLM defines it: presence and frequency
     # over the output tokens, repetition (divide positive logits, multiply negative) over prompt and
     # output; logit_bias added per token id; EOS and stop ids blocked for the first min_tokens.

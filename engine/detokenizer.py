@@ -9,8 +9,9 @@ from __future__ import annotations
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str]):
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str], skip_special_tokens: bool = True):
         self.tok = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_ids[-6:])    # context so the first word gets its leading space right
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -22,7 +23,7 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+        return self.tok.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> None:
         """Append one token; sets `stopped` when a stop string appears."""

@@ -198,7 +198,8 @@ class NativeEngine:
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         self._inbox.put(_Request(
             id=request_id, prompt=list(prompt_ids), params=params, emit=emit,
-            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop) if params.detokenize else None,
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop, params.skip_special_tokens)
+            if params.detokenize else None,
             generator=gen,
             spec=SpecStats() if self.decoder.spec else None,
             grammar=grammar, grammar_deadline=time.monotonic() + self.grammar_timeout_s,

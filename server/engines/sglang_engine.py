@@ -50,6 +50,8 @@ def to_sglang_sampling(p: SamplingParams) -> dict:
         d["stop_token_ids"] = list(p.stop_token_ids)
     if p.seed is not None:
         d["sampling_seed"] = p.seed
+    if not p.skip_special_tokens:
+        d["skip_special_tokens"] = False
     return d
 
 
