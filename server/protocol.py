@@ -2,12 +2,14 @@
 
 Requests are validated strictly (JSON types must match: "10" is not an integer), ignore
 unknown fields (clients send many), and refuse known OpenAI features we do not implement
-instead of silently ignoring them (n > 1, logprobs, echo, penalties). Semantics follow vLLM's
-protocol.py: `max_completion_tokens` wins over `max_tokens`; `top_k` -1 or 0 disables it.
+instead of silently ignoring them (n > 1, logprobs, echo, penalties; audio, prediction, store,
+... in `_CHAT_NEUTRAL`): every OpenAI field is honoured or refused with a 400 naming it.
+Semantics follow vLLM's protocol.py: `max_completion_tokens` wins over `max_tokens`; `top_k` -1 or 0 disables it.
 Context-dependent checks (prompt length, max_tokens vs. context) live in server/prompts.py.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
@@ -22,6 +24,23 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool = False
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, v):
+        if v:
+            raise ValueError("include_obfuscation is not supported (the stream is not padded)")
+        return v
+
+
+def refuse_unless_neutral(neutral: dict[str, tuple], name: str, value):
+    """For OpenAI fields we do not offer: a value other than absent/null or one of `neutral`'s
+    values is refused with a 400 naming the field, never silently ignored."""
+    if value is not None and value not in neutral[name]:
+        raise ValueError(f"{name} is not supported by this server (accepted: null"
+                         + "".join(f", {json.dumps(v)}" for v in neutral[name]) + ")")
+    return value
 
 
 class TextPart(_Strict):
@@ -29,15 +48,66 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    """A tool call of an earlier assistant message (the client sends the conversation back)."""
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]  # OpenAI's "custom" tools are refused here
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+_MESSAGE_NEUTRAL: dict[str, tuple] = {"audio": (), "function_call": (), "refusal": ()}
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None           # tool
+    reasoning_content: str | None = None      # assistant, as SGLang and vLLM return it
+    audio: Any = None
+    function_call: Any = None
+    refusal: Any = None
+
+    @field_validator("audio", "function_call", "refusal")
+    @classmethod
+    def _neutral(cls, v, info):
+        return refuse_unless_neutral(_MESSAGE_NEUTRAL, info.field_name, v)
 
     @model_validator(mode="after")
     def _content_needed(self):
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
         return self
 
     def text(self) -> str:
@@ -128,9 +198,43 @@ class _SamplingFields(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+# OpenAI chat fields we do not offer, and the values that mean "not used" (null always does).
+_CHAT_NEUTRAL: dict[str, tuple] = {
+    "audio": (), "modalities": (["text"],), "prediction": (), "store": (False,), "metadata": ({},),
+    "service_tier": ("auto", "default"), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
+    "functions": (), "function_call": ()}
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM/SGLang: e.g. {"thinking": false}
+    # Identifiers with no effect on the output by definition: accepted.
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+    @field_validator(*_CHAT_NEUTRAL)
+    @classmethod
+    def _neutral(cls, v, info):
+        if info.field_name in ("functions", "function_call") and v is not None:
+            raise ValueError(f"{info.field_name} is deprecated by OpenAI and not supported: use tools and "
+                             "tool_choice")
+        return refuse_unless_neutral(_CHAT_NEUTRAL, info.field_name, v)
 
 
 class CompletionRequest(_SamplingFields):
@@ -138,6 +242,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int]
     echo: bool = False
     suffix: str | None = None
+    user: str | None = None  # an end-user id: no effect on the output
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -185,8 +290,16 @@ class Usage(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """`tool_calls` (OpenAI dicts: id, type, function {name, arguments}) and `reasoning_content`
+    (SGLang's and vLLM's name) only when the output had them."""
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None or k == "content"}
 
 
 class ChatChoice(BaseModel):
@@ -209,6 +322,8 @@ class ChatDelta(BaseModel):
     """Only the fields that change are sent (OpenAI sends the role once, in the first chunk)."""
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None  # {index, id, type, function {name, arguments}}, then argument fragments
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):
