@@ -55,13 +55,18 @@ _ENGINE_FAILURES = {
     ErrorCode.ENGINE_UNAVAILABLE: (503, "engine unavailable: ", {}),
     ErrorCode.ENGINE_ERROR: (500, "engine error: ", {}),
     ErrorCode.TIMEOUT: (504, "", {}),
+    ErrorCode.INVALID_REQUEST: (400, "", {}),
 }
 
 
 def engine_failure(code: ErrorCode, message: str) -> APIError:
     """The client's view of a failed request; the body's code is the ErrorCode's value."""
     status, prefix, headers = _ENGINE_FAILURES[code]
-    return APIError(status, prefix + message, code=code.value, headers=dict(headers))
+    param = None
+    if code == ErrorCode.INVALID_REQUEST:  # "<field>: why" (a grammar that does not compile, ...)
+        head = message.split(":", 1)[0]
+        param = head if head.replace("_", "").replace(".", "").isalnum() else None
+    return APIError(status, prefix + message, code=code.value, headers=dict(headers), param=param)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}

@@ -58,8 +58,14 @@ def _encode(tokenizer, text: str, add_special_tokens: bool, param: str) -> list[
 
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                    max_context: int) -> SamplingParams:
+                    max_context: int, vocab: int = 0) -> SamplingParams:
+    """`vocab`: the tokenizer's size, which logit_bias ids must lie below (0: unchecked)."""
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+    bias = req.token_logit_bias
+    bad = next((t for t in bias if vocab and t >= vocab), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})", param="logit_bias",
+                       code="invalid_value")
     if prompt_len == 0:
         raise APIError(400, f"{param}: the prompt is empty", param=param, code="invalid_value")
     if max_context and prompt_len >= max_context:
@@ -80,4 +86,6 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: 
         max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=min(req.top_k, MAX_TOP_K) if req.top_k > 0 else -1, seed=req.seed,
         stop=[s for s in req.stop_list if s], stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos)
+        ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty, min_tokens=req.min_tokens, logit_bias=bias,
+        constraint=req.constraint, logprobs=req.logprobs_k)

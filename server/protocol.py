@@ -2,7 +2,7 @@
 
 Requests are validated strictly (JSON types must match: "10" is not an integer), ignore
 unknown fields (clients send many), and refuse known OpenAI features we do not implement
-instead of silently ignoring them (n > 1, logprobs, echo, penalties; audio, prediction, store,
+instead of silently ignoring them (best_of, suffix, echo with logprobs; audio, prediction, store,
 ... in `_CHAT_NEUTRAL`): every OpenAI field is honoured or refused with a 400 naming it.
 Semantics follow vLLM's protocol.py: `max_completion_tokens` wins over `max_tokens`; `top_k` -1 or 0 disables it.
 Context-dependent checks (prompt length, max_tokens vs. context) live in server/prompts.py.
@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+from engine.api import Constraint
+from server.constraints import LEGACY_FIELDS, ResponseFormat, StructuredOutputs, constraint_of
+
 MAX_STOP_STRINGS = 64
+MAX_N = 16                 # choices per request (each is an engine request; their prefills share a forward)
+MAX_TOP_LOGPROBS = 20      # chat top_logprobs, as OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # completions logprobs, as OpenAI
+MAX_LOGIT_BIAS = 1024      # entries of logit_bias
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
 
 
@@ -130,15 +137,25 @@ class _SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Logits processing (engine/logits_processing.py), vLLM's ranges; logit_bias keys are token ids.
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    min_tokens: int = Field(0, ge=0)
+    logit_bias: dict[str, float] | None = None
+    # Structured outputs (server/constraints.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
     # Known OpenAI fields we do not implement: accepted only at their neutral values.
-    logprobs: Any = None
-    top_logprobs: Any = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
     best_of: int | None = None
 
     @field_validator("stop")
@@ -148,13 +165,6 @@ class _SamplingFields(_Strict):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         return v
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v):
-        if v != 1:
-            raise ValueError("n > 1 is not supported: send one request per choice")
-        return v
-
     @field_validator("best_of")
     @classmethod
     def _best_of(cls, v):
@@ -162,19 +172,49 @@ class _SamplingFields(_Strict):
             raise ValueError("best_of > 1 is not supported")
         return v
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_logprobs(cls, v):
-        if v not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
+    def _logit_bias(cls, v):
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+        for key, bias in v.items():
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"token {key}: bias {bias} is outside [-100, 100]")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty", "repetition_penalty")
+    @field_validator(*LEGACY_FIELDS)
     @classmethod
-    def _no_penalties(cls, v, info):
-        if v != (1.0 if info.field_name == "repetition_penalty" else 0.0):
-            raise ValueError("penalties are not supported")
+    def _legacy_guided(cls, v, info):
+        if v is not None:
+            raise ValueError(f"{info.field_name} is vLLM's retired name: use structured_outputs "
+                             "({json | regex | choice | grammar | json_object}) or response_format")
         return v
+
+    @model_validator(mode="after")
+    def _constraint_checks(self):
+        try:
+            c = self.constraint
+        except ValueError as e:
+            raise ValueError(f"structured_outputs: {e}") from None
+        if c is not None and self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with a structured output (the grammar decides "
+                             "where the output ends)")
+        limit = self.requested_max_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens ({self.min_tokens}) is larger than max_tokens ({limit})")
+        return self
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return constraint_of(self.response_format, self.structured_outputs)
+
+    @property
+    def token_logit_bias(self) -> dict[int, float]:
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
     @field_validator("stream_options")
     @classmethod
@@ -208,6 +248,20 @@ _CHAT_NEUTRAL: dict[str, tuple] = {
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info):
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=true")
+        return v
+
+    @property
+    def logprobs_k(self) -> int | None:
+        """Top logprobs per token for the engine (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -242,6 +296,11 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int]
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    @property
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
     user: str | None = None  # an end-user id: no effect on the output
 
     @field_validator("prompt", mode="before")

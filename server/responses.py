@@ -4,11 +4,16 @@ Streams follow OpenAI: `data: {json}\\n\\n` per chunk; chat starts with a role c
 finish reason rides on the chunk with the last text; with stream_options.include_usage a
 final chunk with empty choices carries usage (and usage.spec_decoding); then `data: [DONE]`.
 An error after the headers went out is sent as `data: {"error": {...}}` before [DONE], as
-vLLM does.
+vLLM does. With n > 1 every choice is its own engine request (its own format object, index
+and logprobs state); their deltas are interleaved as they come, and usage sums them (the
+prompt counted once, as OpenAI does).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import copy
+import dataclasses
 import json
 import logging
 import time
@@ -16,9 +21,10 @@ import time
 import anyio
 from starlette.responses import StreamingResponse
 
-from engine.api import GenerationOutput
+from engine.api import GenerationOutput, SpecStats
 from server.errors import APIError
 from server.generation import Generation
+from server.logprobs import LogprobFormatter
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -73,16 +79,31 @@ def log_fields(final: GenerationOutput | None) -> dict:
             "finish_reason": final.finish_reason}
 
 
-class ChatFormat:
+class _Choice:
+    """What every format keeps per choice: its index and its logprobs formatter (None: none asked)."""
+    index: int = 0
+    logprobs: LogprobFormatter | None = None
+
+    def choice(self, index: int, logprobs: LogprobFormatter | None):
+        self.index, self.logprobs = index, logprobs
+        self._template["choices"][0]["index"] = index
+        return self
+
+    def lp(self, ids: list[int], lps) -> dict | None:
+        return self.logprobs.format(ids, lps or []) if self.logprobs is not None else None
+
+
+class ChatFormat(_Choice):
     def __init__(self, response_id: str, model: str):
         self.id, self.model, self.created = response_id, model, int(time.time())
         self._template = self._model(ChatDelta()).model_dump(exclude={"usage"})
 
     def head(self) -> list[bytes]:
-        return [sse(self._model(ChatDelta(role="assistant", content="")).model_dump_json(exclude={"usage"}))]
+        return [delta_chunk(self._template, delta={"role": "assistant", "content": ""})]
 
-    def chunk(self, text: str, finish_reason: str | None) -> bytes:
-        return delta_chunk(self._template, delta={"content": text} if text else {}, finish_reason=finish_reason)
+    def chunk(self, text: str, finish_reason: str | None, logprobs: dict | None = None) -> bytes:
+        return delta_chunk(self._template, delta={"content": text} if text else {}, finish_reason=finish_reason,
+                           logprobs=logprobs)
 
     def _model(self, delta: ChatDelta) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
@@ -92,14 +113,16 @@ class ChatFormat:
         return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
                                        usage=usage).model_dump_json())
 
-    def full(self, text: str, final: GenerationOutput) -> dict:
-        return ChatCompletionResponse(
+    def full(self, text: str, final: GenerationOutput, logprobs: dict | None = None) -> dict:
+        body = ChatCompletionResponse(
             id=self.id, created=self.created, model=self.model, usage=usage_of(final),
             choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=final.finish_reason)],
         ).model_dump()
+        body["choices"][0].update(index=self.index, logprobs=logprobs)
+        return body
 
 
-class CompletionFormat:
+class CompletionFormat(_Choice):
     def __init__(self, response_id: str, model: str):
         self.id, self.model, self.created = response_id, model, int(time.time())
         self._template = CompletionResponse(id=self.id, created=self.created, model=self.model,
@@ -108,45 +131,132 @@ class CompletionFormat:
     def head(self) -> list[bytes]:
         return []
 
-    def chunk(self, text: str, finish_reason: str | None) -> bytes:
-        return delta_chunk(self._template, text=text, finish_reason=finish_reason)
+    def chunk(self, text: str, finish_reason: str | None, logprobs: dict | None = None) -> bytes:
+        return delta_chunk(self._template, text=text, finish_reason=finish_reason, logprobs=logprobs)
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse(CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[],
                                       usage=usage).model_dump_json())
 
-    def full(self, text: str, final: GenerationOutput) -> dict:
-        return CompletionResponse(
+    def full(self, text: str, final: GenerationOutput, logprobs: dict | None = None) -> dict:
+        body = CompletionResponse(
             id=self.id, created=self.created, model=self.model, usage=usage_of(final),
             choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)],
         ).model_dump()
+        body["choices"][0].update(index=self.index, logprobs=logprobs)
+        return body
 
 
-async def collect(gen: Generation) -> tuple[str, GenerationOutput]:
-    parts = []
-    async with contextlib.aclosing(gen.outputs()) as outputs:
-        async for out in outputs:
-            parts.append(out.text)
-    return "".join(parts), gen.final
+def choice_formats(fmt, n: int, logprobs_k: int | None, tokenizer) -> list:
+    """One format per choice (index, logprobs state), copies of `fmt` made before any output."""
+    fmts = [fmt] + [copy.deepcopy(fmt) for _ in range(n - 1)]
+    chat = isinstance(fmt, ChatFormat)
+    return [f.choice(i, LogprobFormatter(tokenizer, chat) if logprobs_k is not None else None)
+            for i, f in enumerate(fmts)]
 
 
-async def sse_events(gen: Generation, fmt: ChatFormat | CompletionFormat, include_usage: bool, state: dict):
-    """The SSE byte stream of one request; `state` receives the access-log fields."""
-    try:
-        for chunk in fmt.head():
-            yield chunk
-        async with contextlib.aclosing(gen.outputs()) as outputs:
+def choice_generations(make, params, n: int) -> list[Generation]:
+    """n Generations (make(params) each); a seed given is seed + i for choice i, so that the
+    choices differ and each can be reproduced."""
+    def seed(i):  # within torch's range: past 2**64 - 1 it wraps around
+        return params.seed + i if params.seed + i < 1 << 64 else params.seed + i - (1 << 64)
+    return [make(params if i == 0 or params.seed is None else dataclasses.replace(params, seed=seed(i)))
+            for i in range(n)]
+
+
+async def start_all(gens: list[Generation]) -> None:
+    """Start every choice; if one fails (overloaded, a grammar that does not compile), close the
+    others and raise its error."""
+    if len(gens) == 1:
+        return await gens[0].start()
+    results = await asyncio.gather(*(g.start() for g in gens), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for g in gens:
+            await g.close("abort")
+        raise errors[0]
+
+
+def merged_final(finals: list[GenerationOutput | None]) -> GenerationOutput | None:
+    """The choices' last outputs as one, for usage and the access log: completion tokens and
+    speculative counts summed, the prompt once."""
+    if len(finals) == 1 or any(f is None for f in finals):
+        return finals[0] if len(finals) == 1 else None
+    spec = None
+    for f in finals:
+        spec = f.spec.plus(spec) if f.spec is not None else spec
+    return GenerationOutput(finish_reason=finals[-1].finish_reason, prompt_tokens=finals[0].prompt_tokens,
+                            completion_tokens=sum(f.completion_tokens for f in finals),
+                            spec=spec if spec is not None else (SpecStats() if finals[0].spec else None))
+
+
+async def choice_outputs(gens: list[Generation]):
+    """(choice index, output) of every generation as they arrive; all closed when done."""
+    if len(gens) == 1:
+        async with contextlib.aclosing(gens[0].outputs()) as outputs:
             async for out in outputs:
-                if out.text or out.finished:
-                    yield fmt.chunk(out.text, out.finish_reason)
+                yield 0, out
+        return
+    iters = [g.outputs() for g in gens]
+    pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iters)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for f in sorted(done, key=pending.get):
+                i = pending.pop(f)
+                try:
+                    out = f.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, out
+                pending[asyncio.ensure_future(anext(iters[i]))] = i
+    finally:
+        with anyio.CancelScope(shield=True):
+            for f in pending:
+                f.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for it in iters:
+                await it.aclose()
+
+
+async def collect(gens: list[Generation], fmts: list) -> tuple[dict, GenerationOutput]:
+    """The whole response body of every choice, and their merged final output."""
+    parts = [[] for _ in gens]
+    ids, lps = [[] for _ in gens], [[] for _ in gens]
+    async for i, out in choice_outputs(gens):
+        parts[i].append(out.text)
+        if fmts[i].logprobs is not None:
+            ids[i] += out.token_ids
+            lps[i] += out.logprobs or []
+    bodies = [fmt.full("".join(p), g.final, fmt.lp(i_, lp)) for fmt, p, g, i_, lp in zip(fmts, parts, gens, ids, lps)]
+    final = merged_final([g.final for g in gens])
+    body = bodies[0]
+    if len(bodies) > 1:
+        body["choices"] = [b["choices"][0] for b in bodies]
+        body["usage"] = usage_of(final).model_dump()
+    return body, final
+
+
+async def sse_events(gens: list[Generation], fmts: list, include_usage: bool, state: dict):
+    """The SSE byte stream of one request (one Generation and format per choice); `state`
+    receives the access-log fields."""
+    try:
+        for fmt in fmts:
+            for chunk in fmt.head():
+                yield chunk
+        async for i, out in choice_outputs(gens):
+            if out.text or out.finished or out.logprobs:
+                fmt = fmts[i]
+                yield fmt.chunk(out.text, out.finish_reason, fmt.lp(out.token_ids, out.logprobs))
         if include_usage:
-            yield fmt.usage_chunk(usage_of(gen.final))
+            yield fmts[0].usage_chunk(usage_of(merged_final([g.final for g in gens])))
     except APIError as e:
-        log.warning("[%s] stream ended with an error: %s", gen.request_id, e.message)
+        log.warning("[%s] stream ended with an error: %s", gens[0].request_id, e.message)
         yield sse(json.dumps(e.body()))
     finally:
-        state["usage"] = log_fields(gen.final) or {"prompt_tokens": len(gen.prompt_ids),
-                                                   "completion_tokens": gen.rec.tokens, "finish_reason": "abort"}
+        state["usage"] = log_fields(merged_final([g.final for g in gens])) or {
+            "prompt_tokens": len(gens[0].prompt_ids), "completion_tokens": sum(g.rec.tokens for g in gens),
+            "finish_reason": "abort"}
     yield DONE
 
 

@@ -11,7 +11,17 @@ from server.context import LOADING_RETRY_AFTER_S, ServerContext
 from server.generation import ClientGone, Generation, cancel_on_disconnect
 from server.prompts import chat_prompt_ids, completion_prompt_ids, sampling_params
 from server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from server.responses import ChatFormat, CompletionFormat, EventStreamResponse, collect, log_fields, sse_events
+from server.responses import (
+    ChatFormat,
+    CompletionFormat,
+    EventStreamResponse,
+    choice_formats,
+    choice_generations,
+    collect,
+    log_fields,
+    sse_events,
+    start_all,
+)
 
 router = APIRouter()
 
@@ -58,24 +68,26 @@ async def completions(request: Request):
 
 
 async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], fmt):
-    params = sampling_params(req, len(ids), ctx.engine.info.max_context)
+    params = sampling_params(req, len(ids), ctx.engine.info.max_context, vocab=len(ctx.engine.tokenizer))
     rid = request.state.request_id
-    gen = Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid), ids, params,
-                     ctx.request_timeout_s)
+    # n > 1: one engine request per choice (the engine prefills them in one forward).
+    gens = choice_generations(lambda p: Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid),
+                                                   ids, p, ctx.request_timeout_s), params, req.n)
+    fmts = choice_formats(fmt, req.n, params.logprobs, ctx.engine.tokenizer)
     try:
         # Engine errors become an HTTP status here, before any header is sent. A client that
         # leaves while its request still waits in the engine's queue frees its place now, not
         # when the request is admitted (start() closes the engine stream when cancelled).
-        await cancel_on_disconnect(request, gen.start())
+        await cancel_on_disconnect(request, start_all(gens))
         if req.stream:
-            return EventStreamResponse(sse_events(gen, fmt, req.include_usage, request.scope["state"]))
-        text, final = await cancel_on_disconnect(request, collect(gen))
+            return EventStreamResponse(sse_events(gens, fmts, req.include_usage, request.scope["state"]))
+        body, final = await cancel_on_disconnect(request, collect(gens, fmts))
     except ClientGone:
-        request.scope["state"]["usage"] = {"prompt_tokens": len(ids), "completion_tokens": gen.rec.tokens,
-                                           "finish_reason": "abort"}
+        request.scope["state"]["usage"] = {"prompt_tokens": len(ids), "finish_reason": "abort",
+                                           "completion_tokens": sum(g.rec.tokens for g in gens)}
         return Response(status_code=499)
     request.scope["state"]["usage"] = log_fields(final)
-    return JSONResponse(fmt.full(text, final))
+    return JSONResponse(body)
 
 
 @router.get("/v1/models")

@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import logging
 import os
+import re
 import signal
 import threading
 from dataclasses import dataclass
@@ -52,7 +53,36 @@ def to_sglang_sampling(p: SamplingParams) -> dict:
         d["sampling_seed"] = p.seed
     if not p.skip_special_tokens:
         d["skip_special_tokens"] = False
+    # Penalties, bias and grammars: SGLang applies them itself (its own logits processors and
+    # xgrammar backend), under its own names.
+    for ours, theirs, neutral in (("presence_penalty", "presence_penalty", 0.0),
+                                  ("frequency_penalty", "frequency_penalty", 0.0),
+                                  ("repetition_penalty", "repetition_penalty", 1.0),
+                                  ("min_tokens", "min_new_tokens", 0)):
+        if getattr(p, ours) != neutral:
+            d[theirs] = getattr(p, ours)
+    if p.logit_bias:
+        d["logit_bias"] = {str(t): b for t, b in p.logit_bias.items()}
+    c = p.constraint
+    if c is not None:
+        if c.kind == "json_object":
+            d["json_schema"] = '{"type": "object"}'  # what SGLang's own server sends for json_object
+        elif c.kind == "json_schema":
+            d["json_schema"] = c.spec
+        elif c.kind == "regex":
+            d["regex"] = c.spec
+        elif c.kind == "choice":
+            d["regex"] = "(" + "|".join(re.escape(x) for x in c.spec) + ")"
+        else:
+            d["ebnf"] = c.spec
     return d
+
+
+def refusal(p: SamplingParams) -> str | None:
+    """What this adapter cannot pass to SGLang (a 400 naming the field), or None."""
+    if p.logprobs is not None:
+        return "logprobs: not supported with the SGLang engine yet (the native engine has them)"
+    return None
 
 
 def finish_from_meta(meta: dict) -> tuple[str | None, str | None]:
@@ -213,6 +243,8 @@ class SGLangEngine:
                        params: SamplingParams) -> AsyncIterator[GenerationOutput]:
         if not self.ready:
             raise EngineError(self.dead or "engine is not ready")
+        if (why := refusal(params)) is not None:
+            raise EngineError(why, ErrorCode.INVALID_REQUEST)
         cum, finished, stream = CumulativeToDelta(), False, None
         self._running += 1
 
