@@ -9,7 +9,9 @@ xgrammar (the same schema twice compiles once).
 
 JSON is compact (", " and ": " separators, no free whitespace, as vLLM's disable_any_whitespace):
 with free whitespace small models often emit blank lines until max_tokens. json_schema is
-strict (unlisted properties are refused unless the schema allows them).
+strict (unlisted properties are refused unless the schema allows them). xgrammar's JSON
+strings admit raw control characters (U+0000-U+001F), which JSON forbids and strict parsers
+refuse: for JSON constraints every token holding such a byte is masked too (`control_tokens`).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 
 from engine.api import Constraint
 
-COMPILE_THREADS = 1
+COMPILE_THREADS = 2  # one pathological schema still leaves a thread for the others
 # xgrammar prefixes C++ errors with "[hh:mm:ss] /path/file.cc:123: "; the client needs the rest.
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
@@ -40,6 +42,8 @@ class Grammars:
         self.stop_ids = sorted(stop_ids)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
+        control = [i for i, b in enumerate(info.decoded_vocab) if any(c < 0x20 for c in b) and i not in stop_ids]
+        self.control_tokens = torch.tensor(control, dtype=torch.long)
         self.pool = concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
 
     def submit(self, c: Constraint) -> concurrent.futures.Future:

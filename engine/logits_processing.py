@@ -42,6 +42,9 @@ class LogitsProcessor:
         self.grammars = grammars
         self.matcher = grammars.matcher(compiled) if compiled is not None else None
         self._bitmask = None
+        self.banned = None  # tokens no output may hold (control characters in JSON)
+        if compiled is not None and params.constraint.kind in ("json_object", "json_schema"):
+            self.banned = grammars.control_tokens.to(device)
 
     def accept(self, token: int) -> None:
         """A committed output token."""
@@ -75,13 +78,18 @@ class LogitsProcessor:
             x[:, self.stop_ids] = x[:, self.stop_ids].masked_fill(short.unsqueeze(1), float("-inf"))
         if self.matcher is not None:
             self.grammars.apply(x, self._fill(paths))
+        if self.banned is not None:
+            x[:, self.banned] = float("-inf")
         return x
 
     def draft_mask(self, path: list[int]) -> torch.Tensor | None:
         """Target-vocabulary tokens [V] the grammar allows after the output plus `path` (None: all)."""
         if self.matcher is None:
             return None
-        return allowed(self._fill([path])[0], self.vocab).to(self.device)
+        mask = allowed(self._fill([path])[0], self.vocab).to(self.device)
+        if self.banned is not None:
+            mask[self.banned] = False
+        return mask
 
     def _fill(self, paths: list[list[int]]) -> torch.Tensor:
         """The grammar's bitmask after each path. A node whose path the grammar refuses keeps
