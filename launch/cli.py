@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from launch.auto_steps import best_setting
 from launch.pair_check import CheckpointError, PairMismatch, check_checkpoint_files, check_pair_configs
 from launch.profiles import Launch, Overrides, ProfileError, available_profiles, resolve
+from server.tools import ParserSetupError, check_parser_names
 
 NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
 
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host")
     ap.add_argument("--port", type=int)
     ap.add_argument("--api-key", help="require this bearer token (default: $SPECSERVE_API_KEY)")
+    ap.add_argument("--tool-call-parser", help="SGLang's tool-call format of the model (kimi_k2, hermes, ...)")
+    ap.add_argument("--reasoning-parser", help="SGLang's reasoning format of the model (kimi_k2, deepseek-r1, ...)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the resolved configuration, environment and engine arguments, then exit")
     return ap
@@ -155,6 +158,18 @@ def check_files(launch: Launch) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+def check_parsers(launch: Launch) -> str:
+    """The tool-call and reasoning parser names against SGLang's tables (ParserSetupError)."""
+    s = launch.profile.server
+    if not s.tool_call_parser and not s.reasoning_parser:
+        return "parsers: none (tools need tool_choice none, required or a named function; no reasoning_content)"
+    try:
+        check_parser_names(s.tool_call_parser, s.reasoning_parser)
+    except ParserSetupError as e:
+        raise ParserSetupError(f"{launch.profile.source}: server.{e}") from None
+    return f"parsers: tool calls {s.tool_call_parser or '-'}, reasoning {s.reasoning_parser or '-'} (SGLang's)"
+
+
     args = build_parser().parse_args(argv)
     try:
         name, why = (args.profile, None) if args.profile else default_profile(os.environ)
@@ -162,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = Overrides(
             steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, no_spec=args.no_spec,
             model=args.model, draft=args.draft, served_model_name=args.served_model_name,
-            host=args.host, port=args.port, api_key=args.api_key)
+            host=args.host, port=args.port, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser)
         if args.steps == "auto":
             overrides.steps = None
             choice, msg = best_setting(os.path.splitext(os.path.basename(name))[0])
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dry_run:
             print(check_files(launch), flush=True)
         plan = make_plan(launch)
-    except (ProfileError, PairMismatch, CheckpointError, FileNotFoundError) as e:
+    except (ProfileError, PairMismatch, CheckpointError, FileNotFoundError, ParserSetupError) as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2
     print(describe_plan(plan), flush=True)
@@ -193,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     return run(launch, plan)
 
+        print(check_parsers(launch), flush=True)
 
 def run(launch: Launch, plan: Plan) -> int:
     p = launch.profile
@@ -218,7 +235,8 @@ def run(launch: Launch, plan: Plan) -> int:
     try:
         serve(engine, host=p.server.host, port=p.server.port, api_key=launch.api_key,
               served_model_name=p.server.served_model_name, launch_info=launch_info(launch),
-              log_level=p.server.log_level, shutdown_timeout_s=p.server.shutdown_timeout_s or None)
+              log_level=p.server.log_level, shutdown_timeout_s=p.server.shutdown_timeout_s or None,
+              tool_call_parser=p.server.tool_call_parser, reasoning_parser=p.server.reasoning_parser)
     except KeyboardInterrupt:
         return 130
     return 0

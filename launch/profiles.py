@@ -68,6 +68,8 @@ class ServerSection:
     served_model_name: str | None = None
     log_level: str = "info"
     shutdown_timeout_s: float = 30.0   # SIGTERM: drain in-flight requests this long (0: no limit)
+    tool_call_parser: str | None = None  # SGLang's parser names; the server parses (server/tools.py)
+    reasoning_parser: str | None = None
 
 
 @dataclass
@@ -130,6 +132,8 @@ class Overrides:
     host: str | None = None
     port: int | None = None
     api_key: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 @dataclass
@@ -223,6 +227,10 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
         put("server", "host", o.host, "--host")
     if o.port is not None:
         put("server", "port", o.port, "--port")
+    if o.tool_call_parser is not None:
+        put("server", "tool_call_parser", o.tool_call_parser, "--tool-call-parser")
+    if o.reasoning_parser is not None:
+        put("server", "reasoning_parser", o.reasoning_parser, "--reasoning-parser")
     return notes
 
 

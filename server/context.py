@@ -30,6 +30,8 @@ class ServerContext:
     start_task: asyncio.Task | None = None
     start_error: str | None = None
     on_start_failure: Callable[[], None] | None = None  # e.g. stop the server process
+    tool_call_parser: str | None = None   # SGLang's parser names (server/tools.py)
+    reasoning_parser: str | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
     @property

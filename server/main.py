@@ -13,6 +13,7 @@ import os
 import signal
 
 from server.app import DEFAULT_REQUEST_TIMEOUT_S, create_app
+from server.tools import ParserSetupError, check_parser_names
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEFAULT_STEPS_WITH_DRAFT = 3
@@ -22,7 +23,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # Kubernetes' default grace period before SIG
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           served_model_name: str | None = None, launch_info: dict[str, str] | None = None, log_level: str = "info",
           request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S, max_body_bytes: int = 8 << 20,
-          shutdown_timeout_s: float | None = DEFAULT_SHUTDOWN_TIMEOUT_S) -> None:
+          shutdown_timeout_s: float | None = DEFAULT_SHUTDOWN_TIMEOUT_S, tool_call_parser: str | None = None,
+          reasoning_parser: str | None = None) -> None:
     """Serve `engine` until SIGINT/SIGTERM; in-flight requests are drained before the engine
     stops, for at most `shutdown_timeout_s` (None: as long as they take), then cancelled.
     If the engine cannot start (weights, tokenizer, device), the process exits with status 1
@@ -36,7 +38,8 @@ def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | N
         server.should_exit = True  # the graceful stop uvicorn runs on SIGTERM
 
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name, launch_info=launch_info,
-                     max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s, on_start_failure=stop)
+                     max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s, on_start_failure=stop,
+                     tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
     # Our access log (server/middleware.py) replaces uvicorn's: it has the request id and tokens.
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
                                            timeout_graceful_shutdown=shutdown_timeout_s))
@@ -82,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                    help="on SIGTERM, drain in-flight requests at most this many seconds (0: no limit)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--tool-call-parser", help="SGLang's tool-call format of the model (kimi_k2, hermes, qwen25, "
+                   "llama3, ...): tools and tool_choice auto need one")
+    p.add_argument("--reasoning-parser", help="SGLang's reasoning format (kimi_k2, deepseek-r1, qwen3, ...): "
+                   "thinking goes to reasoning_content")
     return p
 
 
@@ -95,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     for flag, path in (("--model", args.model), ("--draft", args.draft)):
         if path and not os.path.isfile(os.path.join(path, "config.json")):
             parser.error(f"{flag} {path}: no config.json there (expected a Hugging Face model directory)")
+    try:
+        check_parser_names(args.tool_call_parser, args.reasoning_parser)
+    except ParserSetupError as e:
+        parser.error(str(e))
     spec = None
     if args.draft:
         try:
@@ -116,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         serve(engine, host=args.host, port=args.port, api_key=args.api_key or None,
               served_model_name=args.served_model_name, launch_info=launch_info, log_level=args.log_level,
               request_timeout_s=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
-              shutdown_timeout_s=args.shutdown_timeout or None)
+              shutdown_timeout_s=args.shutdown_timeout or None, tool_call_parser=args.tool_call_parser,
+              reasoning_parser=args.reasoning_parser)
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has drained and re-raised it; no traceback
         return 130
     return 0

@@ -10,6 +10,8 @@ if prompt + max_tokens exceeds the context, a 400 naming both numbers, never a s
 """
 from __future__ import annotations
 
+import json
+
 from engine.api import SamplingParams
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest, CompletionRequest
@@ -21,22 +23,48 @@ _TEMPLATE_ROLE = {"developer": "system"}
 MAX_TOP_K = 1 << 31
 
 
-def chat_prompt_ids(tokenizer, req: ChatCompletionRequest) -> list[int]:
+def chat_prompt_ids(tokenizer, req: ChatCompletionRequest, tools: list[dict] | None = None) -> list[int]:
+    """`tools`: the tool definitions for the template (server/tools.py decides which)."""
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages",
                        code="no_chat_template")
-    messages = []
-    for m in req.messages:
-        msg = {"role": _TEMPLATE_ROLE.get(m.role, m.role), "content": m.text()}
-        if m.name:
-            msg["name"] = m.name
-        messages.append(msg)
+    messages = [_template_message(m, i) for i, m in enumerate(req.messages)]
+    kwargs = dict(req.chat_template_kwargs or {})
+    for reserved in ("conversation", "messages", "tools", "tokenize", "add_generation_prompt"):
+        kwargs.pop(reserved, None)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=req.add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=req.add_generation_prompt, **kwargs)
     except Exception as e:  # jinja raise_exception(...) in templates: "roles must alternate", ...
         raise APIError(400, f"the chat template rejected the messages: {e}", param="messages",
                        code="chat_template_error") from None
     return _encode(tokenizer, text, add_special_tokens=False, param="messages")
+
+
+def _template_message(m, i: int) -> dict:
+    """A message as chat templates take it: tool-call arguments as a dict (transformers' and
+    SGLang's convention; a 400 if they are not a JSON object), tool_call_id, reasoning_content."""
+    msg = {"role": _TEMPLATE_ROLE.get(m.role, m.role), "content": m.text()}
+    if m.name:
+        msg["name"] = m.name
+    if m.tool_call_id:
+        msg["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        msg["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        calls = []
+        for j, c in enumerate(m.tool_calls):
+            try:
+                args = json.loads(c.function.arguments)
+            except ValueError:
+                args = None
+            if not isinstance(args, dict):
+                raise APIError(400, f"messages[{i}].tool_calls[{j}].function.arguments: must be a JSON object "
+                               "(as text)", param=f"messages[{i}].tool_calls[{j}].function.arguments",
+                               code="invalid_value")
+            calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+        msg["tool_calls"] = calls
+    return msg
 
 
 def completion_prompt_ids(tokenizer, req: CompletionRequest) -> list[int]:

@@ -37,6 +37,7 @@ from server.protocol import (
     SpecDecodingUsage,
     Usage,
 )
+from server.tools import OutputParser, ParsedOutput, calls_from_json
 
 log = logging.getLogger("specserve.server")
 
@@ -94,7 +95,12 @@ class _Choice:
 
 
 class ChatFormat(_Choice):
-    def __init__(self, response_id: str, model: str):
+    """`parser`: the request's tool-call and reasoning parsing (server/tools.py), None for plain
+    text. `json_calls`: the output is the JSON array of calls that a grammar forced (tool_choice
+    required or named, a model without a tool format): streamed whole, as one delta at the end."""
+
+    def __init__(self, response_id: str, model: str, parser: OutputParser | None = None, json_calls: bool = False):
+        self.parser, self.json_calls, self._held = parser, json_calls, []
         self.id, self.model, self.created = response_id, model, int(time.time())
         self._template = self._model(ChatDelta()).model_dump(exclude={"usage"})
 
@@ -102,8 +108,31 @@ class ChatFormat(_Choice):
         return [delta_chunk(self._template, delta={"role": "assistant", "content": ""})]
 
     def chunk(self, text: str, finish_reason: str | None, logprobs: dict | None = None) -> bytes:
-        return delta_chunk(self._template, delta={"content": text} if text else {}, finish_reason=finish_reason,
+        """b"" when there is nothing to send yet (a parser holds the text back)."""
+        if self.parser is None:
+            return delta_chunk(self._template, delta={"content": text} if text else {}, finish_reason=finish_reason,
+                               logprobs=logprobs)
+        if self.json_calls:
+            self._held.append(text)
+            if finish_reason is None and not logprobs:
+                return b""
+            parsed = ParsedOutput()
+            if finish_reason is not None:
+                parsed = self._parse_json_calls("".join(self._held))
+                parsed.tool_calls = [{"index": i, **c} for i, c in enumerate(parsed.tool_calls)]
+        else:
+            parsed = self.parser.delta(text, final=finish_reason is not None)
+        if not parsed and finish_reason is None and not logprobs:
+            return b""
+        delta = {k: v for k, v in (("reasoning_content", parsed.reasoning), ("content", parsed.content),
+                                   ("tool_calls", parsed.tool_calls)) if v}
+        called = self.parser.called or bool(parsed.tool_calls)
+        return delta_chunk(self._template, delta=delta, finish_reason=_tool_finish(finish_reason, called),
                            logprobs=logprobs)
+
+    def _parse_json_calls(self, text: str) -> ParsedOutput:
+        calls = calls_from_json(text, self.parser.parser_name, self.parser.history_calls)
+        return ParsedOutput(tool_calls=calls) if calls else ParsedOutput(content=text)
 
     def _model(self, delta: ChatDelta) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
@@ -114,12 +143,24 @@ class ChatFormat(_Choice):
                                        usage=usage).model_dump_json())
 
     def full(self, text: str, final: GenerationOutput, logprobs: dict | None = None) -> dict:
+        message, reason = AssistantMessage(content=text), final.finish_reason
+        if self.parser is not None:
+            parsed = self._parse_json_calls(text) if self.json_calls else self.parser.full(text)
+            message = AssistantMessage(content=parsed.content or (None if parsed.tool_calls else ""),
+                                       reasoning_content=parsed.reasoning or None,
+                                       tool_calls=parsed.tool_calls or None)
+            reason = _tool_finish(reason, bool(parsed.tool_calls))
         body = ChatCompletionResponse(
             id=self.id, created=self.created, model=self.model, usage=usage_of(final),
-            choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=final.finish_reason)],
+            choices=[ChatChoice(message=message, finish_reason=reason)],
         ).model_dump()
         body["choices"][0].update(index=self.index, logprobs=logprobs)
         return body
+
+
+def _tool_finish(reason: str | None, called: bool) -> str | None:
+    """OpenAI's finish_reason "tool_calls": the model stopped after calling (SGLang's rule)."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 class CompletionFormat(_Choice):
@@ -247,7 +288,9 @@ async def sse_events(gens: list[Generation], fmts: list, include_usage: bool, st
         async for i, out in choice_outputs(gens):
             if out.text or out.finished or out.logprobs:
                 fmt = fmts[i]
-                yield fmt.chunk(out.text, out.finish_reason, fmt.lp(out.token_ids, out.logprobs))
+                chunk = fmt.chunk(out.text, out.finish_reason, fmt.lp(out.token_ids, out.logprobs))
+                if chunk:  # b"": a parser holds the text back
+                    yield chunk
         if include_usage:
             yield fmts[0].usage_chunk(usage_of(merged_final([g.final for g in gens])))
     except APIError as e:

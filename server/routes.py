@@ -22,6 +22,7 @@ from server.responses import (
     sse_events,
     start_all,
 )
+from server.tools import OutputParser, ToolPlan, apply_tool_plan, plan_tools
 
 router = APIRouter()
 
@@ -53,8 +54,14 @@ async def chat_completions(request: Request):
     req = await read_request(request, ChatCompletionRequest, ctx.max_body_bytes)
     ctx.check_model(req.model)
     ctx.check_ready()
-    ids = await run_in_threadpool(chat_prompt_ids, ctx.engine.tokenizer, req)
-    return await _generate(request, ctx, req, ids, ChatFormat(f"chatcmpl-{request.state.request_id}", ctx.model_name))
+    plan = await run_in_threadpool(plan_tools, req, ctx.tool_call_parser, ctx.reasoning_parser)
+    ids = await run_in_threadpool(chat_prompt_ids, ctx.engine.tokenizer, req, plan.template_tools)
+    parser = None
+    if ctx.reasoning_parser or plan.parses_calls:
+        parser = OutputParser(ctx.tool_call_parser, None if plan.json_calls else ctx.reasoning_parser,
+                              plan.parse_tools, plan.history_calls)
+    fmt = ChatFormat(f"chatcmpl-{request.state.request_id}", ctx.model_name, parser, plan.json_calls)
+    return await _generate(request, ctx, req, ids, fmt, plan)
 
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
@@ -67,8 +74,10 @@ async def completions(request: Request):
     return await _generate(request, ctx, req, ids, CompletionFormat(f"cmpl-{request.state.request_id}", ctx.model_name))
 
 
-async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], fmt):
+async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], fmt, plan: ToolPlan | None = None):
     params = sampling_params(req, len(ids), ctx.engine.info.max_context, vocab=len(ctx.engine.tokenizer))
+    if plan is not None:
+        apply_tool_plan(plan, params)
     rid = request.state.request_id
     # n > 1: one engine request per choice (the engine prefills them in one forward).
     gens = choice_generations(lambda p: Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid),

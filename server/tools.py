@@ -279,3 +279,20 @@ def _native_format_grammar(tools: list[dict], parser_name: str, reasoning_parser
     if kind == "json_schema":
         return str(xgr.Grammar.from_json_schema(text, strict_mode=True))
     return str(xgr.Grammar.from_structural_tag(text))
+
+
+def apply_tool_plan(plan: ToolPlan, params) -> None:
+    """Set what the plan asks of the engine on its SamplingParams: special tokens kept for a
+    tool-call parser (their markers are special tokens in Kimi-K2 and others), the grammar."""
+    from engine.api import Constraint
+    from server.errors import APIError
+
+    if plan.parse_tools:
+        params.skip_special_tokens = False
+    if plan.constraint is not None:
+        if params.constraint is not None:
+            raise APIError(400, "tool_choice required or a named function cannot be combined with a structured "
+                           "output (response_format): both constrain the whole answer", param="tool_choice",
+                           code="invalid_value")
+        kind, spec = plan.constraint
+        params.constraint = Constraint(kind, spec, field="tool_choice")
