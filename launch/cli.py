@@ -146,18 +146,6 @@ def check_pair(launch: Launch, dry_run: bool) -> str:
     return "pair check: " + check_pair_configs(p.model.path, p.model.draft, p.engine)
 
 
-def check_files(launch: Launch) -> str:
-    """Before serving: every local checkpoint file is there and complete, so a missing or
-    truncated file stops the launch with one error instead of a server whose engine never
-    loads. Non-local model paths (an SGLang hub id) are left to the engine."""
-    p = launch.profile
-    draft = p.model.draft if p.spec_enabled else None
-    if p.engine == "sglang" and not (os.path.isdir(p.model.path) and (draft is None or os.path.isdir(draft))):
-        return "checkpoint check: skipped (not local directories)"
-    return check_checkpoint_files(p.model.path, draft)
-
-
-def main(argv: list[str] | None = None) -> int:
 def check_parsers(launch: Launch) -> str:
     """The tool-call and reasoning parser names against SGLang's tables (ParserSetupError)."""
     s = launch.profile.server
@@ -170,6 +158,18 @@ def check_parsers(launch: Launch) -> str:
     return f"parsers: tool calls {s.tool_call_parser or '-'}, reasoning {s.reasoning_parser or '-'} (SGLang's)"
 
 
+def check_files(launch: Launch) -> str:
+    """Before serving: every local checkpoint file is there and complete, so a missing or
+    truncated file stops the launch with one error instead of a server whose engine never
+    loads. Non-local model paths (an SGLang hub id) are left to the engine."""
+    p = launch.profile
+    draft = p.model.draft if p.spec_enabled else None
+    if p.engine == "sglang" and not (os.path.isdir(p.model.path) and (draft is None or os.path.isdir(draft))):
+        return "checkpoint check: skipped (not local directories)"
+    return check_checkpoint_files(p.model.path, draft)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         name, why = (args.profile, None) if args.profile else default_profile(os.environ)
@@ -197,6 +197,7 @@ def check_parsers(launch: Launch) -> str:
     os.environ.update(launch.env)  # before any engine process (SGLang's schedulers, NCCL) starts
     print(describe(launch), flush=True)
     try:
+        print(check_parsers(launch), flush=True)
         print(check_pair(launch, args.dry_run), flush=True)
         if not args.dry_run:
             print(check_files(launch), flush=True)
@@ -209,7 +210,6 @@ def check_parsers(launch: Launch) -> str:
         return 0
     return run(launch, plan)
 
-        print(check_parsers(launch), flush=True)
 
 def run(launch: Launch, plan: Plan) -> int:
     p = launch.profile
