@@ -312,12 +312,11 @@ class CompletionRequest(_SamplingFields):
             return v[0]
         return v
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        if v:
-            raise ValueError("echo is not supported")
-        return v
+    @model_validator(mode="after")
+    def _echo_without_logprobs(self):
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (prompt logprobs): drop one of echo, logprobs")
+        return self
 
     @field_validator("suffix")
     @classmethod

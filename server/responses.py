@@ -164,13 +164,15 @@ def _tool_finish(reason: str | None, called: bool) -> str | None:
 
 
 class CompletionFormat(_Choice):
-    def __init__(self, response_id: str, model: str):
-        self.id, self.model, self.created = response_id, model, int(time.time())
+    """`echo`: the prompt's text, sent before the completion (request field echo)."""
+
+    def __init__(self, response_id: str, model: str, echo: str = ""):
+        self.id, self.model, self.created, self.echo = response_id, model, int(time.time()), echo
         self._template = CompletionResponse(id=self.id, created=self.created, model=self.model,
                                             choices=[CompletionChoice(text="")]).model_dump(exclude={"usage"})
 
     def head(self) -> list[bytes]:
-        return []
+        return [self.chunk(self.echo, None)] if self.echo else []
 
     def chunk(self, text: str, finish_reason: str | None, logprobs: dict | None = None) -> bytes:
         return delta_chunk(self._template, text=text, finish_reason=finish_reason, logprobs=logprobs)
@@ -182,7 +184,7 @@ class CompletionFormat(_Choice):
     def full(self, text: str, final: GenerationOutput, logprobs: dict | None = None) -> dict:
         body = CompletionResponse(
             id=self.id, created=self.created, model=self.model, usage=usage_of(final),
-            choices=[CompletionChoice(text=text, finish_reason=final.finish_reason)],
+            choices=[CompletionChoice(text=self.echo + text, finish_reason=final.finish_reason)],
         ).model_dump()
         body["choices"][0].update(index=self.index, logprobs=logprobs)
         return body

@@ -71,7 +71,9 @@ async def completions(request: Request):
     ctx.check_model(req.model)
     ctx.check_ready()
     ids = await run_in_threadpool(completion_prompt_ids, ctx.engine.tokenizer, req)
-    return await _generate(request, ctx, req, ids, CompletionFormat(f"cmpl-{request.state.request_id}", ctx.model_name))
+    echo = "" if not req.echo else req.prompt if isinstance(req.prompt, str) else ctx.engine.tokenizer.decode(ids)
+    return await _generate(request, ctx, req, ids,
+                           CompletionFormat(f"cmpl-{request.state.request_id}", ctx.model_name, echo))
 
 
 async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], fmt, plan: ToolPlan | None = None):

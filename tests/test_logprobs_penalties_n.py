@@ -4,7 +4,8 @@ Properties: greedy logprobs and top logprobs are the same with speculation and w
 1e-3) and are the target's own log-softmax at each emitted token; streamed logprobs equal the
 non-streamed ones; every penalty setting gives the same greedy tokens with speculation as
 without (the verify forward is processed node by node), and changes them where it should;
-n choices are indexed, summed in usage, reproducible with a seed, streamed and not. A tree
+n choices are indexed, summed in usage, reproducible with a seed, streamed and not; echo
+prepends the prompt. A tree
 drafter (topk > 1) is lossless under penalties, grammars and logprobs too.
 """
 from __future__ import annotations
@@ -181,7 +182,8 @@ def test_n_choices_greedy_sampled_streamed(plain, spec):
         assert texts == [c.message.content for c in chat(server, prompt, n=4, temperature=1.0, seed=7).choices]
         assert texts[0] == chat(server, prompt, temperature=1.0, seed=7).choices[0].message.content
         parts, usage = {}, None
-        for c in chat(server, prompt, n=4, temperature=1.0, seed=7, stream=True, stream_options={"include_usage": True}):
+        for c in chat(server, prompt, n=4, temperature=1.0, seed=7, stream=True,
+                      stream_options={"include_usage": True}):
             for ch in c.choices:
                 parts[ch.index] = parts.get(ch.index, "") + (ch.delta.content or "")
             usage = c.usage or usage
@@ -222,3 +224,13 @@ def test_tree_speculation_is_lossless_with_processing():
                 assert all(abs(x - y) < TOL for x, y in zip(la, lb))
     finally:
         tree.stop_blocking()
+
+
+def test_echo_prepends_the_prompt(spec):
+    prompt = h.COMPLETION_PROMPTS[4]
+    plain_text = complete(spec, prompt).choices[0].text
+    assert complete(spec, prompt, echo=True).choices[0].text == prompt + plain_text
+    streamed = "".join(c.choices[0].text for c in complete(spec, prompt, echo=True, stream=True) if c.choices)
+    assert streamed == prompt + plain_text
+    ids = h.models().completion_ids(prompt)
+    assert complete(spec, ids, echo=True).choices[0].text == h.models().tokenizer.decode(ids) + plain_text

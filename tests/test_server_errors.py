@@ -116,7 +116,7 @@ BAD = [
      "guided_json"),
     ("guided-choice-retired", "POST", CHAT, chat_body(guided_choice=["a", "b"]), 400, "invalid_value",
      "guided_choice"),
-    ("echo", "POST", COMP, comp_body(echo=True), 400, "invalid_value", "echo"),
+    ("echo-with-logprobs", "POST", COMP, comp_body(echo=True, logprobs=1), 400, "invalid_value", None),
     ("stop-wrong-type", "POST", COMP, comp_body(stop=5), 400, "invalid_value", "stop"),
     ("stop-token-ids-strings", "POST", COMP, comp_body(stop_token_ids=["a"]), 400, "invalid_value",
      "stop_token_ids[0]"),
