@@ -129,6 +129,33 @@ def test_sampling_params_use_sglang_names():
                                          "sampling_seed": 7}
 
 
+def test_penalties_bias_and_grammars_reach_sglang_under_its_names():
+    from engine.api import Constraint
+    p = SamplingParams(max_tokens=4, presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
+                       min_tokens=2, logit_bias={7: -100.0})
+    d = se.to_sglang_sampling(p)
+    assert (d["presence_penalty"], d["frequency_penalty"], d["repetition_penalty"], d["min_new_tokens"],
+            d["logit_bias"]) == (0.5, -0.5, 1.2, 2, {"7": -100.0})
+    kinds = {"json_object": ("json_schema", '{"type": "object"}'), "json_schema": ("json_schema", '{"a": 1}'),
+             "regex": ("regex", "[a-z]+"), "grammar": ("ebnf", 'root ::= "x"'), "choice": ("regex", "(yes|no)")}
+    specs = {"json_schema": '{"a": 1}', "regex": "[a-z]+", "grammar": 'root ::= "x"', "choice": ("yes", "no")}
+    for kind, (key, value) in kinds.items():
+        assert se.to_sglang_sampling(SamplingParams(constraint=Constraint(kind, specs.get(kind, ""))))[key] == value
+    assert "presence_penalty" not in se.to_sglang_sampling(SamplingParams())
+
+
+def test_logprobs_are_refused_with_a_400_code():
+    from engine.api import ErrorCode
+    eng, fake = make_engine(cumulative(["a"], {"finish_reason": {"type": "stop"}}))
+
+    async def go():
+        await eng.start()
+        return await collect(eng, SamplingParams(logprobs=2))
+    with pytest.raises(EngineError) as e:
+        run(go())
+    assert e.value.code == ErrorCode.INVALID_REQUEST and "logprobs" in str(e.value) and not fake.calls
+
+
 def test_finish_reasons():
     assert se.finish_from_meta({"finish_reason": {"type": "stop", "matched": 2}}) == ("stop", None)
     assert se.finish_from_meta({"finish_reason": None}) == (None, None)
