@@ -3,24 +3,25 @@
 # warm machine (what a call writes under runs/ stays there while the machine is warm, ~30 s
 # between calls; each call must end within the 10-minute limit):
 #
-#   bash shipped/smollm2/gpu_build.sh part     # calls 1..3: the carried GGUF piece stays in runs/gguf_parts
-#   bash shipped/smollm2/gpu_build.sh data     # call 4: last piece -> GGUF (sha256 checked) -> HF folder;
+#   bash shipped/smollm2/gpu_build.sh part     # calls 1..4: the carried GGUF piece stays in runs/gguf_parts
+#   bash shipped/smollm2/gpu_build.sh data     # call 5: last piece -> GGUF (sha256 checked) -> HF folder;
 #                                              #   the target writes prompts, then answers them; shards; vocab
 #   bash shipped/smollm2/gpu_build.sh train    # then: drafters on 1K..64K conversations (one recipe, trained
 #                                              #   side by side), exports, held-out evals at steps 1..6
 #
-# Why pieces: a call carries at most 64 MiB with the tree (19 MB in session 6, 41 MB since the
-# drafter ships), and the GGUF is 98 MB: `split -n 4 -d SmolLM2-135M-Instruct.Q4_1.gguf
-# runs/gguf_parts/part.` makes four 25 MB pieces, call k carries runs/gguf_parts/part.0k (the
+# Why pieces: a call carries at most 64 MiB with the tree (42 MB since the drafter and 2.7 MB of
+# prompts ship), and the GGUF is 98 MB: `split -n 5 -d SmolLM2-135M-Instruct.Q4_1.gguf
+# runs/gguf_parts/part.` makes five 19.7 MB pieces, call k carries runs/gguf_parts/part.0k (the
 # last one also .whl: the gguf and datasketch wheels). `data` may run again to add to the data.
-# Returns (data) $OUT/data.tgz: prompts, stats, logs; (train) $OUT/drafter.tgz.NN, pieces of one
-# tarball (cat them): the 64K drafter, scaling table/plot, eval JSON, logs.
+# The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
+# the data are gone. Returns (data) $OUT/data.tgz: prompts, stats, logs; (train) $OUT/drafter.tgz.NN,
+# pieces of one tarball (cat them): the largest drafter, scaling table/plot, eval JSON, logs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 W=runs/smollm2; mkdir -p $W
 GGUF=$W/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-190}; DATA_S=${DATA_S:-270}
+N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-170}; DATA_S=${DATA_S:-240}
 MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-2048}; VOCAB=${VOCAB:-8192}
 SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-auto}; TRAIN_S=${TRAIN_S:-400}; LR=${LR:-1e-3}
 TRAIN_BATCH=${TRAIN_BATCH:-32}
