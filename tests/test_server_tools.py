@@ -274,3 +274,34 @@ def test_neutral_values_of_unsupported_fields_are_accepted(no_parser, fields):
     r = httpx.post(no_parser.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 4, **fields},
                    timeout=60)
     assert r.status_code == 200, r.text
+
+
+def test_sglang_gets_the_same_grammar_and_keeps_special_tokens():
+    """What the SGLang engine is sent for tool_choice required with the Kimi parser: the grammar
+    (EBNF, compiled by SGLang's xgrammar backend) and skip_special_tokens false, so that the
+    markers reach our parser; auto sends no grammar."""
+    import xgrammar as xgr
+
+    from engine.api import SamplingParams
+    from server.engines.sglang_engine import to_sglang_sampling
+    from server.protocol import ChatCompletionRequest
+    from server.tools import apply_tool_plan, plan_tools
+
+    for choice, grammar in (("required", True), ("auto", False)):
+        req = ChatCompletionRequest.model_validate({**th.EXAMPLES[0][0], "tool_choice": choice})
+        params = SamplingParams()
+        apply_tool_plan(plan_tools(req, "kimi_k2", "kimi_k2"), params)
+        sent = to_sglang_sampling(params)
+        assert sent["skip_special_tokens"] is False
+        assert ("ebnf" in sent) == grammar
+        if grammar:
+            assert "<|tool_calls_section_begin|>" in sent["ebnf"] and "get_weather" in sent["ebnf"]
+            xgr.Grammar.from_ebnf(sent["ebnf"])  # it parses back
+
+
+def test_kimi_ids_count_the_calls_already_in_the_conversation():
+    from server.tools import OutputParser
+    text = th.section(th.call("get_time", {"zone": "UTC"}, 2))
+    (only,) = OutputParser("kimi_k2", None, th.TOOLS, history_calls=2).full(text).tool_calls
+    assert only == {"id": "functions.get_time:2", "type": "function",
+                    "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
