@@ -305,3 +305,14 @@ def test_kimi_ids_count_the_calls_already_in_the_conversation():
     (only,) = OutputParser("kimi_k2", None, th.TOOLS, history_calls=2).full(text).tool_calls
     assert only == {"id": "functions.get_time:2", "type": "function",
                     "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+
+
+def test_every_choice_parses_its_own_calls(kimi_spec):
+    r = create(kimi_spec, {**th.EXAMPLES[0][0], "n": 2})
+    assert [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+    streamed = list(create(kimi_spec, {**th.EXAMPLES[0][0], "n": 2}, stream=True))
+    for i in (0, 1):
+        mine = [c for c in streamed if c.choices and c.choices[0].index == i]
+        assert accumulate(mine)["tool_calls"][0]["arguments"] == '{"city": "Paris"}'
