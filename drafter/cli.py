@@ -6,8 +6,8 @@
     drafter train --target DIR --data DATA --out RUN [--max-steps N] [--resume]   (torchrun for multi-GPU)
     drafter export RUN OUT [--serving-engine sglang-llama|sglang-deepseek|vllm]
     drafter eval --target DIR --draft OUT [--draft OTHER] --prompts P.jsonl --steps 1,2,3
-    drafter inspect CONFIG [--target-layers N]
-    drafter compare A B [--target-layers N]
+    drafter inspect CONFIG [--target-layers N] [--captured-by ENGINE]
+    drafter compare A B [--target-layers N] [--captured-by ENGINE]
     drafter export-hf SRC.gguf OUT [--dtype float32|bfloat16|float16]
 """
 from __future__ import annotations
@@ -17,6 +17,11 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from models.aux_layers import CAPTURE_ENGINES
+
+CAPTURED_BY_HELP = ("engine that captured the training features, for configs that record none (a SpecForge "
+                    "drafter trained through SGLang: sglang-deepseek or sglang-llama; HF backend: transformers)")
 
 
 def _ints(s: str) -> list[int]:
@@ -112,13 +117,13 @@ def cmd_eval(a) -> int:
 
 def cmd_inspect(a) -> int:
     from drafter.params import inspect_text
-    print(inspect_text(a.config, a.target_layers))
+    print(inspect_text(a.config, a.target_layers, a.captured_by))
     return 0
 
 
 def cmd_compare(a) -> int:
     from drafter.params import compare_text
-    print(compare_text(a.a, a.b, a.target_layers))
+    print(compare_text(a.a, a.b, a.target_layers, a.captured_by))
     return 0
 
 
@@ -260,12 +265,14 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="parameter breakdown of a drafter config")
     i.add_argument("config", help="config.json or a drafter directory")
     i.add_argument("--target-layers", type=int, help="target layer count (default: recorded in the config)")
+    i.add_argument("--captured-by", choices=CAPTURE_ENGINES, help=CAPTURED_BY_HELP)
     i.set_defaults(fn=cmd_inspect)
 
     c = sub.add_parser("compare", help="side-by-side parameters and aux-layer captures of two configs")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--target-layers", type=int, help="target layer count (default: recorded in each config)")
+    c.add_argument("--captured-by", choices=CAPTURE_ENGINES, help=CAPTURED_BY_HELP)
     c.set_defaults(fn=cmd_compare)
 
     x = sub.add_parser("export-hf", help="a Hugging Face model folder from a GGUF (for SGLang, vLLM, transformers)")

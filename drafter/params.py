@@ -5,6 +5,12 @@ the target's, frozen and not saved, so "trainable" excludes it; cards that count
 tensor the model uses include it, and some drafters carry an lm_head over the full target
 vocabulary instead of the draft vocabulary. We print each convention with its number.
 Also says which target layer OUTPUTS the aux ids capture in each engine (models/aux_layers).
+What training captured is the recorded `trained_aux_layer_outputs` (our export), else what the
+recorded capture engine (`specserve.capture_engine`, or `--captured-by` for a drafter that
+records none) fed for the configured ids: a SpecForge drafter whose features came through
+SGLang itself fits SGLang as configured. With neither, the ids are assumed to be HF layer
+outputs and the warnings say so. MLA drafters (Kimi `Eagle3DeepseekV2ForCausalLM`) count their
+attention as MLA.
 """
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.aux_layers import captured_layer_outputs, serving_ids_for
+from models.aux_layers import capture_convention, captured_layer_outputs, serving_ids_for
+from models.eagle3_checkpoint import is_mla_drafter
 
 ENGINES = ("sglang-llama", "sglang-deepseek", "vllm")
 
@@ -33,6 +40,11 @@ class DrafterShape:
     trained_outputs: list[int] | None    # recorded by our export, else None
     serving_engine: str | None
     target_layers: int | None
+    capture_engine: str | None = None    # recorded, or --captured-by; None: unknown
+    mla: dict | None = None              # q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims
+
+
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def read_config(path: str | Path) -> tuple[dict, str]:
@@ -44,10 +56,14 @@ def read_config(path: str | Path) -> tuple[dict, str]:
     return json.loads(p.read_text()), str(p)
 
 
-def shape_from_config(cfg: dict, name: str, target_layers: int | None = None) -> DrafterShape:
+def shape_from_config(cfg: dict, name: str, target_layers: int | None = None,
+                      captured_by: str | None = None) -> DrafterShape:
     heads = cfg["num_attention_heads"]
     eagle = cfg.get("eagle_config") or {}
     ours = cfg.get("specserve") or {}
+    mla = {k: cfg[k] for k in MLA_KEYS} if is_mla_drafter(cfg) else None
+    if mla is not None:  # MLA: q/k carry nope + rope dims, v its own
+        cfg = {**cfg, "head_dim": mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]}
     return DrafterShape(
         name=name, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"], heads=heads,
         kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
@@ -57,6 +73,7 @@ def shape_from_config(cfg: dict, name: str, target_layers: int | None = None) ->
         trained_outputs=ours.get("trained_aux_layer_outputs"), serving_engine=ours.get("serving_engine"),
         # A count recorded with the config (our export) wins; --target-layers fills in where none is.
         target_layers=ours.get("target_num_hidden_layers") or cfg.get("target_num_hidden_layers") or target_layers,
+        capture_engine=ours.get("capture_engine") or captured_by, mla=mla,
     )
 
 
@@ -64,10 +81,17 @@ def breakdown(s: DrafterShape) -> dict[str, int]:
     """Parameter counts by part. fc: 3H_t -> H; attention: q/k/v read 2H; MLP: SwiGLU;
     norms: input_layernorm, hidden_norm, post_attention_layernorm, final norm."""
     h, hd = s.hidden, s.head_dim
+    attention = 2 * h * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * h
+    if s.mla:  # q_a, kv_a read the 2H input; q_b, kv_b expand the latents; a-norms; o_proj
+        m = s.mla
+        attention = (2 * h * (m["q_lora_rank"] + m["kv_lora_rank"] + m["qk_rope_head_dim"])
+                     + m["q_lora_rank"] * s.heads * hd
+                     + m["kv_lora_rank"] * s.heads * (m["qk_nope_head_dim"] + m["v_head_dim"])
+                     + m["q_lora_rank"] + m["kv_lora_rank"] + s.heads * m["v_head_dim"] * h)
     parts = {
         "embedding (frozen, the target's)": s.vocab * h,
         "fc": s.num_aux * s.target_hidden * h,
-        "attention": 2 * h * (s.heads + 2 * s.kv_heads) * hd + s.heads * hd * h,
+        "attention": attention,
         "mlp": 3 * h * s.intermediate,
         "norms": 4 * h,
         "lm_head": h * s.draft_vocab,
@@ -82,7 +106,12 @@ def captures(s: DrafterShape) -> dict[str, list[int]] | None:
     """Layer outputs captured by training and by each engine, or None without the layer count."""
     if s.target_layers is None or not s.aux_ids:
         return None
-    out = {"training": s.trained_outputs if s.trained_outputs is not None else list(s.aux_ids)}
+    if s.trained_outputs is not None:
+        trained = list(s.trained_outputs)
+    else:  # the engine that captured the features fed what it feeds for these ids
+        trained = captured_layer_outputs(capture_convention(s.capture_engine or "training"), s.aux_ids,
+                                         s.target_layers)
+    out = {"training": trained}
     for e in ENGINES:
         out[e] = captured_layer_outputs(e, s.aux_ids, s.target_layers)
     return out
@@ -92,13 +121,26 @@ def capture_warnings(s: DrafterShape) -> list[str]:
     cap = captures(s)
     if cap is None:
         return []
-    how = "recorded at export" if s.trained_outputs is not None else "assumed: ids taken as HF layer outputs"
+    known = s.trained_outputs is not None or s.capture_engine is not None
+    how = ("recorded at export" if s.trained_outputs is not None else
+           f"captured through {s.capture_engine}" if known else "assumed: ids taken as HF layer outputs")
+    tag = "WARNING" if known else "CHECK"
+    # features captured through one SGLang rule say which model the target is: the other rule is moot
+    moot = {"sglang-llama": "sglang-deepseek", "sglang-deepseek": "sglang-llama"}.get(s.capture_engine or "")
     warns = []
     for e in ENGINES:
-        if cap[e] != cap["training"]:
-            warns.append(f"WARNING {s.name}: {e} captures outputs of layers {cap[e]} but training captured "
-                         f"{cap['training']} ({how}); to serve on {e} set eagle_aux_hidden_state_layer_ids "
-                         f"= {serving_ids_for(e, cap['training'])}")
+        if cap[e] == cap["training"] or e == moot:
+            continue
+        try:
+            fix = f"set eagle_aux_hidden_state_layer_ids = {serving_ids_for(e, cap['training'])}"
+        except ValueError as err:
+            fix = f"no ids can: {err}"
+        warns.append(f"{tag} {s.name}: {e} captures outputs of layers {cap[e]} but training captured "
+                     f"{cap['training']} ({how}); to serve on {e} {fix}")
+    if warns and not known:
+        warns.append(f"CHECK {s.name}: no capture engine recorded; if its features were captured through SGLang "
+                     f"or vLLM itself (SpecForge's SGLang backend), that engine needs no change: pass "
+                     f"--captured-by ENGINE")
     return warns
 
 
@@ -116,6 +158,8 @@ def _rows(shapes: list[DrafterShape]) -> list[tuple[str, list[str]]]:
     rows = [
         ("hidden / intermediate", [f"{s.hidden} / {s.intermediate}" for s in shapes]),
         ("heads / kv heads / head_dim", [f"{s.heads} / {s.kv_heads} / {s.head_dim}" for s in shapes]),
+        ("attention", [f"MLA (q_lora {s.mla['q_lora_rank']}, kv_lora {s.mla['kv_lora_rank']})" if s.mla
+                       else "MHA/GQA" for s in shapes]),
         ("vocab / draft vocab", [f"{s.vocab} / {s.draft_vocab}" for s in shapes]),
         ("target hidden", [str(s.target_hidden) for s in shapes]),
     ]
@@ -124,12 +168,14 @@ def _rows(shapes: list[DrafterShape]) -> list[tuple[str, list[str]]]:
         rows.append((key, [f"{fmt(p[key])} ({p[key]:,})" for p in parts]))
     rows.append(("aux ids (config)", [str(s.aux_ids) for s in shapes]))
     rows.append(("target layers", [str(s.target_layers) if s.target_layers else "? (--target-layers)" for s in shapes]))
+    rows.append(("capture engine", [s.capture_engine or "? (--captured-by)" for s in shapes]))
     caps = [captures(s) for s in shapes]
     for key in ("training", *ENGINES):
         label = {"training": "outputs captured: training", "sglang-llama": "  SGLang Llama rule",
                  "sglang-deepseek": "  SGLang DeepSeek rule", "vllm": "  vLLM"}[key]
         rows.append((label, [("?" if not c else str(c[key]) + (" (assumed)" if key == "training" and
-                                                              s.trained_outputs is None else ""))
+                                                              s.trained_outputs is None and
+                                                              s.capture_engine is None else ""))
                              for s, c in zip(shapes, caps)]))
     return rows
 
@@ -163,19 +209,19 @@ def _name(path: str) -> str:
     return p.stem if p.is_file() else p.name
 
 
-def inspect_text(path: str, target_layers: int | None = None) -> str:
+def inspect_text(path: str, target_layers: int | None = None, captured_by: str | None = None) -> str:
     cfg, where = read_config(path)
-    s = shape_from_config(cfg, _name(path), target_layers)
+    s = shape_from_config(cfg, _name(path), target_layers, captured_by)
     out = [table([s]), "", convention_note(s)]
     out += capture_warnings(s)
     return "\n".join(out)
 
 
-def compare_text(a: str, b: str, target_layers: int | None = None) -> str:
+def compare_text(a: str, b: str, target_layers: int | None = None, captured_by: str | None = None) -> str:
     shapes = []
     for path in (a, b):
         cfg, _ = read_config(path)
-        shapes.append(shape_from_config(cfg, _name(path), target_layers))
+        shapes.append(shape_from_config(cfg, _name(path), target_layers, captured_by))
     out = [table(shapes), ""]
     out.append(convention_note(max(shapes, key=lambda s: breakdown(s)["trainable"])))
     for s in shapes:

@@ -224,8 +224,14 @@ def train(c: TrainConfig) -> Path:
         raise FileExistsError(f"{out}: already has checkpoints; pass --resume or choose a new --out")
 
     vocab = DraftVocab.load(c.vocab or Path(c.data) / VOCAB_FILE)
+    # Ascending aux layers: SGLang and vLLM concatenate in that order (models/aux_layers.py); a
+    # resumed run keeps the order it was trained with.
+    recorded = out / "drafter_config.json"
+    aux = sorted(c.aux_layers) if c.aux_layers else None
+    if ckpt is not None and recorded.exists():
+        aux = json.loads(recorded.read_text())["aux_layer_ids"]
     target = load_target(c.target, dtype=torch.bfloat16 if cuda else torch.float32, device=device,
-                         aux_layer_ids=c.aux_layers)
+                         aux_layer_ids=aux)
     target.requires_grad_(False)
     cfg = drafter_config(target, vocab, c)
     drafter = build_drafter(target, vocab, cfg, c.init_lm_head and ckpt is None, device)

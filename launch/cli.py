@@ -106,10 +106,22 @@ def describe(launch: Launch) -> str:
         n = p.native
         lines.append(f"  native       device {n.device}, dtype {n.dtype}, max batch {n.max_batch}"
                      + (", torch.compile" if n.compile else ""))
+    else:
+        lines.append(f"  sglang       max running requests {sglang_max_running(p)}")
     lines.append("environment:" if launch.env else "environment: (none from the profile)")
     lines += [f"  {k}={v}    ({launch.env_origin[k]})" for k, v in launch.env.items()]
     lines += [f"note: {n}" for n in launch.notes]
     return "\n".join(lines)
+
+
+def sglang_max_running(p) -> str:
+    """SGLang 0.5.23 turns an unset max_running_requests into 48 once speculation is on
+    (arg_groups/speculative_hook.py, _handle_eagle_family): a concurrency cap users should see."""
+    if p.sglang.max_running_requests is not None:
+        return f"{p.sglang.max_running_requests} (sglang.max_running_requests)"
+    if p.spec_enabled:
+        return "48 (unset: SGLang's default with speculation; set sglang.max_running_requests to change)"
+    return "unset (SGLang sizes it from KV-cache memory)"
 
 
 def describe_plan(plan: Plan) -> str:

@@ -5,7 +5,10 @@ tensors).
 No weights are loaded, so it runs before any engine process starts and works for SGLang
 profiles (whose weights this process never sees). The size checks are engine.loading.check_pair's
 own; the aux-layer check asks models.aux_layers what the serving engine captures for the
-drafter's configured ids and compares it with the layer outputs training captured.
+drafter's configured ids and compares it with the layer outputs training captured (recorded,
+or what the recorded capture engine fed). Kimi-K2.5 (`KimiK25ForConditionalGeneration`, the
+DeepSeek rule) keeps its LM config under text_config and ships INT4 compressed-tensors weights;
+MLA drafters (`Eagle3DeepseekV2ForCausalLM`) serve on SGLang, not on the native engine.
 """
 from __future__ import annotations
 
@@ -13,10 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from models.aux_layers import SGLANG_NO_EAGLE3, sglang_rule
 from models.hf_config import read_hf_config
-
-DEEPSEEK_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
-                  "KimiVLForConditionalGeneration")
 
 
 class PairMismatch(ValueError):
@@ -53,14 +54,28 @@ def target_shape(cfg: dict, source: str) -> TargetShape:
 
 
 def sglang_convention(archs: list[str]) -> str:
-    return "sglang-deepseek" if any(a in DEEPSEEK_ARCHS for a in archs) else "sglang-llama"
+    return sglang_rule(archs)
+
+
+def quantization(cfg: dict) -> str | None:
+    """"INT4 compressed-tensors, group 32"-style summary of a target's quantization_config."""
+    q = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
+    if not q:
+        return None
+    method = q.get("quant_method", "?")
+    for group in (q.get("config_groups") or {}).values():  # compressed-tensors
+        w = group.get("weights") or {}
+        if w.get("num_bits"):
+            return (f"{w.get('type', '?')}{w['num_bits']} {method}"
+                    + (f", group {w['group_size']}" if w.get("group_size") else ""))
+    return method
 
 
 def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
     """Raise PairMismatch when the drafter does not fit; return a one-line summary when it does."""
     from engine.loading import check_pair
-    from models.aux_layers import captured_layer_outputs
-    from models.eagle3_checkpoint import config_from_hf
+    from models.aux_layers import capture_convention, captured_layer_outputs
+    from models.eagle3_checkpoint import ARCHITECTURE, config_from_hf, is_mla_drafter
 
     t_file, d_file = Path(model_path) / "config.json", Path(draft_path) / "config.json"
     t_cfg, d_cfg = read_config(model_path), read_config(draft_path)
@@ -73,20 +88,42 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
         check_pair(SimpleNamespace(config=t), SimpleNamespace(config=d), draft_path)
     except ValueError as e:
         raise PairMismatch(f"{e} (target: {t_file})") from e
+    mla = is_mla_drafter(d_cfg)
+    quant = quantization(t_cfg)
     summary = (f"drafter fits target: hidden {t.hidden_size}, vocab {t.vocab_size}, "
-               f"aux layer outputs {d.aux_layer_ids} of {t.num_hidden_layers} layers")
+               f"aux layer outputs {d.aux_layer_ids} of {t.num_hidden_layers} layers"
+               + (", MLA drafter" if mla else "") + (f", target weights {quant}" if quant else ""))
     if engine != "sglang":
+        if mla:
+            raise PairMismatch(f"{d_file}: an MLA drafter ({d_cfg['architectures'][0]}) serves on SGLang or vLLM; "
+                               f"the native engine runs {ARCHITECTURE} drafters only")
         return summary
+    no_eagle3 = [a for a in t.architectures if a in SGLANG_NO_EAGLE3]
+    if no_eagle3:
+        raise PairMismatch(f"{t_file}: SGLang 0.5.23 has no EAGLE-3 for {no_eagle3[0]} (its model captures no "
+                           f"aux hidden states); serve it without speculation")
     conv = sglang_convention(t.architectures)
     configured = (d_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    trained = (d_cfg.get("specserve") or {}).get("trained_aux_layer_outputs")
+    ours = d_cfg.get("specserve") or {}
+    trained = ours.get("trained_aux_layer_outputs")
+    if trained is None and ours.get("capture_engine"):  # what the capture engine fed for these ids
+        trained = captured_layer_outputs(capture_convention(ours["capture_engine"]), configured,
+                                         t.num_hidden_layers)
     captured = captured_layer_outputs(conv, configured, t.num_hidden_layers)
     if trained is not None and list(captured) != list(trained):
+        why = "re-export the drafter for " + conv
+        if list(trained) != sorted(trained):
+            why = ("its fc expects them in that order but SGLang concatenates in ascending layer order; "
+                   "`drafter export` reorders the fc")
+        elif len(set(trained)) < len(trained):
+            why = "SGLang captures a layer once, so a duplicated layer cannot be fed; serve it on the native engine"
         raise PairMismatch(
             f"{d_file}: eagle_aux_hidden_state_layer_ids {configured} make SGLang ({conv}, target "
             f"{t_file}) capture the outputs of layers {captured}, but the drafter was trained on the "
-            f"outputs of layers {trained}; re-export the drafter for {conv}")
-    return summary + f"; SGLang ({conv}) captures outputs of layers {captured}"
+            f"outputs of layers {trained}; {why}")
+    vllm = captured_layer_outputs("vllm", configured, t.num_hidden_layers)
+    return summary + (f"; SGLang ({conv}) captures outputs of layers {captured} (vLLM would feed {vllm}"
+                      f"{'' if vllm == captured else ': different layers'})")
 
 
 def check_checkpoint_files(model_path: str, draft_path: str | None) -> str:

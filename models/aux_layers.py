@@ -4,42 +4,86 @@ Training (SpecForge / HF style) captures the OUTPUT of decoder layers `ids`
 (HF `hidden_states[i + 1]`); default `[1, L//2 - 1, L - 4]`.
 SGLang (Llama family) captures the INPUT of layer `id + 1` for configured ids, i.e. the
 same tensors; default `[2, L//2, L - 3]` (input-of-layer ids) when none are configured.
-SGLang's DeepSeek-V2/V3 model adds the +1 only when the first id is 1.
-vLLM uses configured ids as given: the input of layer `id` = output of layer `id - 1`.
+SGLang's DeepSeek-V2/V3 model adds the +1 only when the first id is 1 (SGLANG_DEEPSEEK_RULE).
+vLLM uses configured ids as given: the input of layer `id` = output of layer `id - 1`; with
+none configured it captures inputs of (2, L//2, L - 3), i.e. outputs of (1, L//2 - 1, L - 4).
+
+Order: both engines concatenate the captured tensors in ascending layer order (SGLang walks
+the layers; vLLM sorts the set of ids), so an fc trained on another order is permuted and a
+duplicated id is captured once. We sort: training concatenates ascending, export reorders an
+older run's fc blocks (exact), and the launch checks refuse what neither engine can feed.
 """
 from __future__ import annotations
 
+# SGLang 0.5.23 models whose set_eagle3_layers_to_capture adds +1 only when the first id is 1:
+# deepseek_v2.py and its subclasses, kimi_k25.py (wraps DeepseekV3ForCausalLM), glm4_moe_lite.py.
+SGLANG_DEEPSEEK_RULE = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                        "GlmMoeDsaForCausalLM", "MistralLarge3ForCausalLM", "KimiK25ForConditionalGeneration",
+                        "Glm4MoeLiteForCausalLM")
+# Served by SGLang 0.5.23 but without EAGLE-3 aux capture (no set_eagle3_layers_to_capture).
+SGLANG_NO_EAGLE3 = ("KimiVLForConditionalGeneration",)
+
+
+def sglang_rule(architectures: list[str]) -> str:
+    """"sglang-deepseek" or "sglang-llama" for a target's config.json architectures."""
+    return "sglang-deepseek" if any(a in SGLANG_DEEPSEEK_RULE for a in architectures) else "sglang-llama"
+
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """Training-side default: outputs of layers [1, L//2 - 1, L - 4]."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
+    """Training-side default: outputs of layers [1, L//2 - 1, L - 4], ascending (tiny targets)."""
+    return sorted([1, num_layers // 2 - 1, num_layers - 4])
+
+
+def fed_in_order(ids: list[int]) -> list[int]:
+    """What an engine concatenates for capture ids: each layer once, ascending."""
+    return sorted(set(ids))
+
+
+CAPTURE_ENGINES = ("native", "transformers", "training", "sglang-llama", "sglang-deepseek", "vllm")
+
+
+def capture_convention(capture_engine: str) -> str:
+    """The convention a drafter's ids had in the engine that captured its training features:
+    ours and transformers (SpecForge's HF backend too) take ids as layer outputs ("training");
+    SpecForge's SGLang backend captures what SGLang serves with the same ids."""
+    if capture_engine not in CAPTURE_ENGINES:
+        raise ValueError(f"unknown capture engine {capture_engine!r}: one of {', '.join(CAPTURE_ENGINES)}")
+    return "training" if capture_engine in ("native", "transformers", "training") else capture_engine
 
 
 def captured_layer_outputs(engine: str, configured_ids: list[int] | None, num_layers: int) -> list[int]:
     """Which decoder-layer OUTPUTS an engine captures for a drafter config's aux ids.
 
-    engine: "training" (ours / SpecForge), "sglang-llama", "sglang-deepseek", "vllm".
-    A returned -1 means the embedding output (input of layer 0).
+    engine: "training" (ours, transformers, SpecForge's HF backend: ids are layer outputs, in
+    the order given), "sglang-llama", "sglang-deepseek", "vllm" (what the engine feeds the
+    drafter, in its concatenation order). A returned -1 means the embedding output.
     """
     if engine == "training":
         return list(configured_ids or default_aux_layer_ids(num_layers))
+    if not configured_ids:  # every engine's default: inputs of (2, L//2, L - 3)
+        return fed_in_order([2 - 1, num_layers // 2 - 1, num_layers - 3 - 1])
     if engine == "sglang-llama":
-        if not configured_ids:
-            return [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
-        return list(configured_ids)  # captures input of id + 1 == output of id
+        return fed_in_order(configured_ids)  # captures input of id + 1 == output of id
     if engine == "sglang-deepseek":
-        if not configured_ids:
-            return [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
         if configured_ids[0] == 1:
-            return list(configured_ids)          # +1 applied: input of id + 1 == output of id
-        return [i - 1 for i in configured_ids]   # used as given: input of id == output of id - 1
+            return fed_in_order(configured_ids)          # +1 applied: input of id + 1 == output of id
+        return fed_in_order([i - 1 for i in configured_ids])   # as given: input of id == output of id - 1
     if engine == "vllm":
-        return [i - 1 for i in (configured_ids or default_aux_layer_ids(num_layers))]
+        return fed_in_order([i - 1 for i in configured_ids])
     raise ValueError(f"unknown engine {engine!r}")
 
 
 def serving_ids_for(engine: str, trained_outputs: list[int]) -> list[int]:
-    """The aux ids to put in a drafter config so `engine` captures `trained_outputs`."""
+    """The aux ids to put in a drafter config so `engine` captures `trained_outputs`, which
+    must be ascending: both engines concatenate in that order (duplicates, which only tiny
+    targets get by default, serve on the native engine alone; the launch check says so)."""
+    if list(trained_outputs) != sorted(trained_outputs):
+        raise ValueError(f"trained layer outputs {list(trained_outputs)} are not ascending: SGLang and vLLM "
+                         f"concatenate {sorted(trained_outputs)}, so this fc would be fed permuted inputs "
+                         f"(`drafter export` reorders the fc of such a run)")
+    if engine == "sglang-deepseek" and trained_outputs[0] == 0:
+        raise ValueError("SGLang's DeepSeek rule cannot capture layer 0's output first (id 1 adds +1, id 0 is "
+                         "the embedding)")
     if engine in ("sglang-llama", "training"):
         return list(trained_outputs)
     if engine == "sglang-deepseek":

@@ -3,10 +3,15 @@
 config.json is a one-layer Llama config with `draft_vocab_size` and `eagle_config`; the
 safetensors file holds `midlayer.*`, `fc`, `norm`, `lm_head`, `d2t`, `t2d` and no embedding
 (the frozen embedding comes from the target at load time). We also record, under
-`specserve`, which target layer OUTPUTS training captured, so serving can be checked.
+`specserve`, which target layer OUTPUTS training captured and through which engine
+(`capture_engine`), so serving can be checked. A drafter whose draft vocabulary is the
+target's carries no d2t/t2d: vLLM refuses them then, SGLang and our loader need none.
+Kimi drafters also come with MLA attention (SGLang/vLLM `Eagle3DeepseekV2ForCausalLM`):
+recognised by the checks, served by SGLang and vLLM only.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +23,7 @@ from models.layers import rope_inv_freq
 from models.safetensors_io import load_state_dict, save_state_dict
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM aliases V3 to V2
 WEIGHTS_FILE = "model.safetensors"
 WEIGHT_NAMES = frozenset({
     *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
@@ -51,12 +57,20 @@ def config_to_hf(c: Eagle3Config, serving_engine: str = "sglang-llama") -> dict:
             "eagle_aux_hidden_state_layer_ids": serving_ids_for(serving_engine, c.aux_layer_ids),
             "use_aux_hidden_state": True,
         },
-        "specserve": {"trained_aux_layer_outputs": c.aux_layer_ids, "serving_engine": serving_engine},
+        "specserve": {"trained_aux_layer_outputs": c.aux_layer_ids, "serving_engine": serving_engine,
+                      "capture_engine": "native"},
     }
 
 
+def is_mla_drafter(cfg: dict) -> bool:
+    return any(a in MLA_ARCHITECTURES for a in cfg.get("architectures") or [])
+
+
 def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
-    """Parse an EAGLE-3 config.json. Aux ids are turned into trained layer outputs."""
+    """Parse an EAGLE-3 config.json (MLA drafters: the fields the pair checks need). Aux ids
+    are turned into trained layer outputs."""
+    if is_mla_drafter(cfg) and "draft_vocab_size" not in cfg:  # SGLang and vLLM: the full vocabulary
+        cfg = {**cfg, "draft_vocab_size": cfg.get("vocab_size")}
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
                            "draft_vocab_size") if k not in cfg]
     if missing:
@@ -80,14 +94,24 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
 
 def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16,
                  serving_engine: str = "sglang-llama", extra: dict | None = None) -> None:
+    """Write the checkpoint; fc's input blocks go in ascending aux-layer order, the order SGLang
+    and vLLM concatenate in (a run trained on another order is reordered: exact)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = config_to_hf(model.config, serving_engine)
+    ids = model.config.aux_layer_ids
+    order = sorted(range(len(ids)), key=lambda k: ids[k])
+    cfg = config_to_hf(dataclasses.replace(model.config, aux_layer_ids=[ids[k] for k in order]), serving_engine)
     if extra:
         cfg["specserve"].update(extra)
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     state = {k: v for k, v in model.state_dict().items() if k in WEIGHT_NAMES}
+    blocks = state["fc.weight"].chunk(len(ids), dim=1)
+    state["fc.weight"] = torch.cat([blocks[k] for k in order], dim=1)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    if model.config.draft_vocab_size == model.config.vocab_size:
+        if state["d2t"].any():
+            raise ValueError("a full draft vocabulary must map every draft id to itself (d2t all zero)")
+        del state["d2t"], state["t2d"]  # vLLM has no parameter for them then and refuses the checkpoint
     save_state_dict(state, path / WEIGHTS_FILE)
 
 

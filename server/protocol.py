@@ -22,7 +22,10 @@ MAX_N = 16                 # choices per request (each is an engine request; the
 MAX_TOP_LOGPROBS = 20      # chat top_logprobs, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # completions logprobs, as OpenAI
 MAX_LOGIT_BIAS = 1024      # entries of logit_bias
-SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
+# int64, what every engine takes: SGLang raises past it, vLLM's server refuses it. What a seed
+# buys differs: native and vLLM sample the request from its own seeded generator; SGLang uses
+# it only with enable_deterministic_inference and otherwise samples unseeded (README).
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)
 
 
 class _Strict(BaseModel):

@@ -74,3 +74,9 @@ def test_warmup_then_cosine():
     assert lr_at(9, 100, 10, 1.0, 0.1) == pytest.approx(1.0)
     assert lr_at(55, 100, 10, 1.0, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert lr_at(100, 100, 10, 1.0, 0.1) == pytest.approx(0.1)
+
+
+def test_aux_layers_are_trained_in_ascending_order(setup):
+    """SGLang and vLLM concatenate aux layers ascending, so training does too, whatever the flag's order."""
+    run = _train(setup, "unordered", "--aux-layers", "3,0,2", "--max-steps", "1")
+    assert json.loads((run / "drafter_config.json").read_text())["aux_layer_ids"] == [0, 2, 3]

@@ -78,3 +78,19 @@ def test_embedding_is_shared_not_saved(tmp_path):
     loaded = load_drafter(tmp_path, emb)
     assert loaded.embed_tokens.weight.data_ptr() == emb.data_ptr()
     assert not loaded.embed_tokens.weight.requires_grad
+
+
+def test_full_draft_vocabulary_carries_no_d2t_t2d(tmp_path):
+    """vLLM refuses d2t when the draft vocabulary is the target's ("no module or parameter named
+    'draft_id_to_target_id'"); SGLang and our loader need none then, and the drafter is the same."""
+    torch.manual_seed(0)
+    cfg = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, vocab_size=10, draft_vocab_size=10, target_hidden_size=32, aux_layer_ids=[1, 3, 4])
+    d = Eagle3Drafter(cfg)
+    d.t2d.fill_(True)  # the identity map a full vocabulary has
+    save_drafter(d, tmp_path, dtype=torch.float32)
+    assert {"d2t", "t2d"}.isdisjoint(load_file(str(tmp_path / "model.safetensors")))
+    loaded = load_drafter(tmp_path, d.embed_tokens.weight.data)
+    for k, v in d.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
+    assert json.loads((tmp_path / "config.json").read_text())["specserve"]["capture_engine"] == "native"

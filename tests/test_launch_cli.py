@@ -45,7 +45,7 @@ def llama_target(path: Path, hidden=64, vocab=512, layers=4, arch="LlamaForCausa
     return path
 
 
-def eagle3_drafter(path: Path, hidden=64, vocab=512, trained=(1, 1, 0), serving="sglang-llama",
+def eagle3_drafter(path: Path, hidden=64, vocab=512, trained=(0, 1, 2), serving="sglang-llama",
                    configured=None) -> Path:
     from models.eagle3 import Eagle3Config
     from models.eagle3_checkpoint import config_to_hf
@@ -121,11 +121,11 @@ def test_sglang_profile_checks_the_pair_from_configs(capsys, environ_restored, t
     t = llama_target(tmp_path / "t")
     rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t),
                          "--draft", str(eagle3_drafter(tmp_path / "d")))
-    assert rc == 0 and "SGLang (sglang-llama) captures outputs of layers [1, 1, 0]" in out
-    bad = eagle3_drafter(tmp_path / "d2", configured=[2, 2, 1])  # exported for vLLM's convention
+    assert rc == 0 and "SGLang (sglang-llama) captures outputs of layers [0, 1, 2]" in out
+    bad = eagle3_drafter(tmp_path / "d2", configured=[1, 2, 3])  # exported for vLLM's convention
     rc, _, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(bad))
     assert rc == 2
-    assert "capture the outputs of layers [2, 2, 1]" in err and "trained on the outputs of layers [1, 1, 0]" in err
+    assert "capture the outputs of layers [1, 2, 3]" in err and "trained on the outputs of layers [0, 1, 2]" in err
 
 
 def test_kimi_shaped_pair_follows_sglang_deepseek_convention(capsys, environ_restored, tmp_path):

@@ -7,12 +7,21 @@ and the speculative statistics, under 0.5.23 names (spec_num_correct_drafts, ...
 engine reports. Only the interface leaks out: the HTTP layer and metrics never see SGLang.
 The request deadline is the server's (server/generation.py): it closes the stream, which
 aborts the SGLang request.
+
+Start-up: sglang.Engine is built in a thread (loading takes minutes; /health keeps answering),
+so SGLang installs no SIGQUIT handler, and a scheduler that fails while loading sends SIGQUIT
+to its parent (managers/scheduler.py), whose default action would kill this server. Until the
+engine is up our handler turns that signal into a start failure (the server's exit 1).
+Requests: SGLang raises ValueError for a request it refuses (sampling values out of range):
+a 400, as in SGLang's own server. A seed is honoured only with enable_deterministic_inference
+(SGLang samples unseeded otherwise; we log it once).
 """
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -176,6 +185,7 @@ class SGLangEngine:
                    "nnodes": a.get("nnodes", 1)})
         self.tokenizer = None
         self._engine = None
+        self._seed_ignored = not a.get("enable_deterministic_inference")
         self._ready = False
         self._running = 0
         self.dead: str | None = None
@@ -194,7 +204,7 @@ class SGLangEngine:
         path = a.get("tokenizer_path") or a["model_path"]
         try:
             self.tokenizer = await asyncio.to_thread(self._tokenizer_loader, path, bool(a.get("trust_remote_code")))
-            self._engine = await asyncio.to_thread(lambda: self._factory(**a))
+            self._engine = await self._build_engine()
         except EngineError:
             raise
         except Exception as e:
@@ -204,6 +214,47 @@ class SGLangEngine:
         tm = getattr(self._engine, "tokenizer_manager", None)
         self.info.max_context = int(getattr(tm, "context_len", 0) or self.info.max_context)
         self._ready = True
+
+    async def _build_engine(self):
+        """self._factory(**server_args) in a daemon thread (a scheduler stuck in loading must not
+        hold up the exit), with SIGQUIT from a failing scheduler turned into an exception."""
+        loop = asyncio.get_running_loop()
+        built, quit_ = loop.create_future(), loop.create_future()
+        children = {c.pid for c in multiprocessing.active_children()}
+
+        def settle(result=None, error=None):
+            if not built.done():
+                built.set_exception(error) if error is not None else built.set_result(result)
+
+        def build():
+            try:
+                result = self._factory(**self.server_args)
+            except BaseException as e:  # noqa: BLE001 - handed to the event loop
+                loop.call_soon_threadsafe(settle, None, e)
+            else:
+                loop.call_soon_threadsafe(settle, result)
+
+        main = threading.current_thread() is threading.main_thread()
+        if main:  # signal handlers exist in the main thread only
+            loop.add_signal_handler(signal.SIGQUIT, lambda: quit_.done() or quit_.set_result(None))
+        threading.Thread(target=build, name="sglang-engine-start", daemon=True).start()
+        try:
+            await asyncio.wait([built, quit_], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if main:
+                loop.remove_signal_handler(signal.SIGQUIT)
+        if not quit_.done():
+            return built.result()
+        if main:  # more ranks may follow the first: the server is exiting, so ignore them
+            signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+        for c in multiprocessing.active_children():  # the schedulers this start launched
+            if c.pid not in children:
+                c.kill()
+        if built.done():
+            built.exception()  # retrieved; the SIGQUIT says more
+        built.cancel()
+        raise RuntimeError("an SGLang scheduler process failed while loading and sent SIGQUIT; its error is in "
+                           "the log above")
 
     def _attach_to_loop(self) -> None:
         """Start SGLang's output loop on our event loop now, and keep the server's SIGTERM handler:
@@ -247,12 +298,18 @@ class SGLangEngine:
             raise EngineError(why, ErrorCode.INVALID_REQUEST)
         cum, finished, stream = CumulativeToDelta(), False, None
         self._running += 1
+        if params.seed is not None and self._seed_ignored:
+            self._seed_ignored = False  # said once
+            log.warning("SGLang ignores a request's seed without enable_deterministic_inference ([sglang] extra "
+                        "in the profile); seeded requests are sampled unseeded")
 
-        def final(reason: str, error: str | None, meta: dict | None = None, text="", ids=()) -> GenerationOutput:
+        def final(reason: str, error: str | None, meta: dict | None = None, text="", ids=(),
+                  code: ErrorCode | None = None) -> GenerationOutput:
             meta = meta or {}
             spec = spec_stats_from_meta(meta, self.info.draft_tokens) if self.info.speculative else None
             # SGLang gave up on this request alone, unless we are shutting it down
-            code = None if error is None else ErrorCode.ENGINE_ERROR if self.ready else ErrorCode.ENGINE_UNAVAILABLE
+            if code is None and error is not None:
+                code = ErrorCode.ENGINE_ERROR if self.ready else ErrorCode.ENGINE_UNAVAILABLE
             return GenerationOutput(text=text, token_ids=list(ids), finish_reason=reason, error=error, error_code=code,
                                     prompt_tokens=int(meta.get("prompt_tokens") or len(prompt_ids)),
                                     completion_tokens=int(meta.get("completion_tokens") or cum.n_ids), spec=spec,
@@ -275,7 +332,7 @@ class SGLangEngine:
             yield final("abort", "sglang ended the stream without a finish reason")
         except ValueError as e:  # SGLang rejects a request (too long, bad sampling values) with ValueError
             finished = True
-            yield final("abort", f"sglang rejected the request: {e}")
+            yield final("abort", f"sglang rejected the request: {e}", code=ErrorCode.INVALID_REQUEST)
         finally:
             self._running -= 1
             if not finished:  # the client went away or the task was cancelled
