@@ -300,7 +300,7 @@ class SGLangEngine:
         self._running += 1
         if params.seed is not None and self._seed_ignored:
             self._seed_ignored = False  # said once
-            log.warning("SGLang ignores a request's seed without enable_deterministic_inference ([sglang] extra "
+            log.warning("SGLang ignores a request's seed without enable_deterministic_inference ([sglang.extra] "
                         "in the profile); seeded requests are sampled unseeded")
 
         def final(reason: str, error: str | None, meta: dict | None = None, text="", ids=(),
