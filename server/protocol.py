@@ -183,7 +183,7 @@ class _SamplingFields(_Strict):
         if len(v) > MAX_LOGIT_BIAS:
             raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
         for key, bias in v.items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"keys are token ids, got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"token {key}: bias {bias} is outside [-100, 100]")
