@@ -7,7 +7,8 @@ reply, (tokens - 1) / (last token - first token), the rate benchmarks/serving.py
 over HTTP. Ratios are medians of the per-round ratios. Our servers start once, from
 step_sweep's command templates (one per side), and stay up between rounds; transformers runs
 in this process at every cache implementation, dtype and thread count asked for (its best is
-reported). Our engine's thread count is its own (engine/loading.py: cpu_threads).
+reported). Our engine's thread count is its own (engine/loading.py: cpu_threads). With
+--gguf, our sides also run on the GGUF itself with its 4-bit projections kept 4-bit.
 
   python -m benchmarks.cpu_real_pair --model runs/smollm2-hf --draft shipped/smollm2/drafter \\
       --prompts shipped/smollm2/heldout/chat.jsonl --per-category 1
@@ -41,6 +42,7 @@ class Side:
     steps: int = 0              # ours: 0 plain, N a chain of N steps (topk 1)
     cache: str = "default"      # transformers: cache_implementation
     threads: int = 0            # transformers: torch threads
+    q4: bool = False            # ours: the GGUF itself, its 4-bit projections kept 4-bit (--gguf-q4)
     rounds: list[dict] = field(default_factory=list)
 
     @property
@@ -64,7 +66,7 @@ def select_records(path: str, per_category: int, limit: int) -> list[dict]:
 # -- our engine over HTTP -------------------------------------------------------------------
 def server_template(args, side: Side) -> str:
     template = SERVER_CMD if side.steps else BASELINE_CMD
-    return f"{template} --dtype {side.dtype} --max-context {args.max_context}"
+    return f"{template} --dtype {side.dtype} --max-context {args.max_context}" + (" --gguf-q4" if side.q4 else "")
 
 
 def measure_http(base: str, records: list[dict], max_tokens: int) -> dict:
@@ -126,6 +128,10 @@ def measure_hf(model, prompts: list[list[int]], side: Side, max_tokens: int, eos
 def build_sides(args) -> list[Side]:
     sides = [Side(f"ours {d} plain", "ours", d) for d in args.dtypes]
     sides += [Side(f"ours {args.spec_dtype} chain {s}", "ours", args.spec_dtype, steps=s) for s in args.steps]
+    if args.gguf:
+        sides += [Side(f"ours {args.q4_dtype} Q4 plain", "ours", args.q4_dtype, q4=True)]
+        sides += [Side(f"ours {args.q4_dtype} Q4 chain {s}", "ours", args.q4_dtype, steps=s, q4=True)
+                  for s in args.steps]
     sides += [Side(f"transformers {d} {c} cache, {t} threads", "transformers", d, cache=c, threads=t)
               for t in args.hf_threads for d in args.dtypes for c in args.hf_caches]
     return sides
@@ -148,7 +154,7 @@ def run(args, sides: list[Side], records: list[dict]) -> None:
         measure = {}
         for s in sides:
             if s.engine == "ours":
-                fields = {"model": args.model, "draft": args.draft, **Setting(s.steps).record()}
+                fields = {"model": args.gguf if s.q4 else args.model, "draft": args.draft, **Setting(s.steps).record()}
                 base = stack.enter_context(running_server(server_template(args, s), fields, log, args.server_timeout))
                 measure[s.label] = lambda recs, base=base: measure_http(base, recs, args.max_tokens)
             else:
@@ -243,6 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", default="1,2,3", help="our chains (topk 1)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="our plain decoding and transformers")
     ap.add_argument("--spec-dtype", default="float32", help="our speculative sides")
+    ap.add_argument("--gguf", help="the GGUF --model was written from: adds our sides with its 4-bit weights kept")
+    ap.add_argument("--q4-dtype", default="bfloat16", help="those sides' dtype (the float32 int4 CPU kernel is slow)")
     ap.add_argument("--hf-caches", default="default,static", help="transformers cache_implementation values")
     ap.add_argument("--hf-threads", default="0", help="transformers torch threads, comma list (0: torch's default)")
     ap.add_argument("--rounds", type=int, default=3)

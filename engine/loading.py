@@ -28,6 +28,7 @@ class NativeEngineArgs:
     spec: SpecConfig | None = None
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     dtype: str = "auto"             # auto | float32 | bfloat16 | float16
+    gguf_q4: bool = False           # a GGUF's Q4_0/Q4_1 projections stay 4-bit (CPU: models/q4_linear.py)
     max_batch: int = 16
     max_context: int = 0            # 0: the model's max_position_embeddings
     max_waiting: int = 256
@@ -89,7 +90,7 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     dtype = pick_dtype(args.dtype, device)
     if device.type == "cpu":
         torch.set_num_threads(cpu_threads(args.cpu_threads))
-    target = load_target(args.model, dtype=dtype, device=device)
+    target = load_target(args.model, dtype=dtype, device=device, keep_gguf_q4=args.gguf_q4)
     drafter = None
     if args.speculation:
         drafter = load_drafter(args.draft, target.embed_tokens.weight, dtype=dtype, device=device)

@@ -64,7 +64,7 @@ def native_engine_args(p: Profile):
     s = p.speculative
     kw = dict(model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
               spec=SpecConfig(s.steps, s.topk, s.draft_tokens) if p.spec_enabled else None,
-              device=p.native.device, dtype=p.native.dtype, max_batch=p.native.max_batch,
+              device=p.native.device, dtype=p.native.dtype, gguf_q4=p.native.gguf_q4, max_batch=p.native.max_batch,
               max_context=p.native.max_context, max_waiting=p.native.max_waiting,
               compile=p.native.compile, compile_max_batch=p.native.compile_max_batch,
               served_model_name=p.server.served_model_name)

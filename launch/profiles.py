@@ -76,6 +76,7 @@ class ServerSection:
 class NativeSection:
     device: str = "auto"        # auto | cpu | cuda | cuda:N
     dtype: str = "auto"
+    gguf_q4: bool = False       # a GGUF's 4-bit projections stay 4-bit (CPU)
     max_batch: int = 16
     max_context: int = 0        # 0: the model's max_position_embeddings
     max_waiting: int = 256

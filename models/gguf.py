@@ -17,6 +17,8 @@ from models.gguf_header import GGUFHeader, read_gguf_header
 if TYPE_CHECKING:
     import torch
 
+    from models.q4_linear import Q4Blocks
+
 # The types gguf.quants.dequantize handles that tests/test_gguf.py checks.
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0,
                    Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -105,22 +107,48 @@ def gguf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """The weights of the GGUF at `path`, dequantized to float32, under Hugging Face names."""
     import torch  # here only: the config readers above stay torch-free for launch checks
 
+    return {name: torch.from_numpy(np.require(unpermute(dequantize(raw, t.type)), np.float32, ["C", "W"]))
+            for name, t, raw, unpermute in _tensors(path)}
+
+
+def gguf_q4_blocks(path: str | Path) -> dict[str, Q4Blocks]:
+    """The GGUF's Q4_0 and Q4_1 tensors as 4-bit values with per-block scales and zeros (the
+    form models/q4_linear.py keeps), under Hugging Face names. A block of 32 values is a
+    float16 d (Q4_1: then a float16 m) and 16 bytes: value j in the low nibble of byte j,
+    value 16 + j in its high nibble; Q4_0 is d * (q - 8), Q4_1 d * q + m."""
+    import torch
+
+    from models.q4_linear import GROUP, Q4Blocks
+
+    out = {}
+    for name, t, raw, unpermute in _tensors(path):
+        if t.type not in (Q.Q4_0, Q.Q4_1):
+            continue
+        rows = raw.reshape(raw.shape[0], -1, raw.shape[-1] * GROUP // t.shape[-1])  # [out, blocks, bytes]
+        d = rows[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = rows[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if t.type == Q.Q4_1 else None
+        qs = rows[..., 4:] if t.type == Q.Q4_1 else rows[..., 2:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(raw.shape[0], -1)
+        zero = np.zeros_like(d) if m is None else m + 8 * d
+        out[name] = Q4Blocks(*(torch.from_numpy(np.ascontiguousarray(unpermute(a))) for a in (q, d, zero)))
+    return out
+
+
+def _tensors(path: str | Path):
+    """(HF name, tensor info, raw bytes [rows, bytes per row], the row order fix for q/k) per tensor."""
     h = read_checked_header(path)
     arch = h.metadata["general.architecture"]
     n_layers = h.metadata[f"{arch}.block_count"]  # read_checked_header made sure of it
     heads = _meta(h, f"{arch}.attention.head_count")
     kv_heads = h.metadata.get(f"{arch}.attention.head_count_kv") or heads
     data = np.memmap(h.file, dtype=np.uint8, mode="r")
-    state = {}
     for t in h.tensors.values():
         raw = data[t.offset:t.offset + t.n_bytes].reshape(quant_shape_to_byte_shape(t.shape, t.type))
-        w = dequantize(raw, t.type)
-        if arch == "llama" and ".attn_q." in t.name:
-            w = _unpermute(w, heads)
-        elif arch == "llama" and ".attn_k." in t.name:
-            w = _unpermute(w, kv_heads)
-        state[_hf_name(t.name, arch, n_layers)] = torch.from_numpy(np.require(w, np.float32, ["C", "W"]))
-    return state
+        n_head = heads if ".attn_q." in t.name else kv_heads if ".attn_k." in t.name else 0
+        if arch != "llama" or not n_head:
+            yield _hf_name(t.name, arch, n_layers), t, raw, lambda w: w
+        else:
+            yield _hf_name(t.name, arch, n_layers), t, raw, lambda w, n=n_head: _unpermute(w, n)
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.q4_linear import Q4Linear
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -128,8 +130,11 @@ def gemv_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
-def concat_linears(parts: list[nn.Linear]) -> nn.Linear:
-    """One Linear whose output is the concatenation of the outputs of `parts` (same input)."""
+def concat_linears(parts: list[nn.Module]) -> nn.Module | None:
+    """One Linear whose output is the concatenation of the outputs of `parts` (same input);
+    None where 4-bit parts cannot be joined (then they stay apart)."""
+    if isinstance(parts[0], Q4Linear):
+        return Q4Linear.concat(parts)
     weight = torch.cat([p.weight.detach() for p in parts])
     fused = Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
@@ -146,13 +151,13 @@ class Attention(nn.Module):
         self.k_proj = Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.v_proj = Linear(in_dim, kv_heads * head_dim, bias=bias)
         self.o_proj = Linear(heads * head_dim, out_dim, bias=False)
-        self.qkv_proj: nn.Linear | None = None  # set by fuse(): q, k, v in one GEMM
+        self.qkv_proj: nn.Module | None = None  # set by fuse(): q, k, v in one GEMM
         self.kv_cache: KVCache | None = None
 
     def fuse(self) -> None:
         """Inference only: read the q, k, v weights in one GEMM (one kernel instead of three)."""
-        if self.qkv_proj is None:
-            self.qkv_proj = concat_linears([self.q_proj, self.k_proj, self.v_proj])
+        if self.qkv_proj is None and (fused := concat_linears([self.q_proj, self.k_proj, self.v_proj])):
+            self.qkv_proj = fused
             del self.q_proj, self.k_proj, self.v_proj
 
     def _qkv(self, x: torch.Tensor):
@@ -186,12 +191,12 @@ class SwiGLU(nn.Module):
         self.gate_proj = Linear(dim, hidden, bias=False)
         self.up_proj = Linear(dim, hidden, bias=False)
         self.down_proj = Linear(hidden, dim, bias=False)
-        self.gate_up_proj: nn.Linear | None = None  # set by fuse()
+        self.gate_up_proj: nn.Module | None = None  # set by fuse()
 
     def fuse(self) -> None:
         """Inference only: gate and up projections in one GEMM."""
-        if self.gate_up_proj is None:
-            self.gate_up_proj = concat_linears([self.gate_proj, self.up_proj])
+        if self.gate_up_proj is None and (fused := concat_linears([self.gate_proj, self.up_proj])):
+            self.gate_up_proj = fused
             del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

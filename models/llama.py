@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 
 from models.aux_layers import default_aux_layer_ids
-from models.gguf import gguf_file, gguf_state_dict
+from models.gguf import gguf_file, gguf_q4_blocks, gguf_state_dict
 from models.hf_config import read_hf_config
 from models.layers import Attention, AttnInputs, KVCache, Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
+from models.q4_linear import keep_q4
 from models.safetensors_io import load_state_dict
 
 
@@ -131,8 +132,9 @@ class LlamaModel(nn.Module):
 
 
 def load_target(path: str | Path, *, dtype=torch.float32, device="cpu",
-                aux_layer_ids: list[int] | None = None) -> LlamaModel:
-    """Load a HF Llama-family checkpoint directory, or a GGUF one (dequantized), into LlamaModel."""
+                aux_layer_ids: list[int] | None = None, keep_gguf_q4: bool = False) -> LlamaModel:
+    """Load a HF Llama-family checkpoint directory, or a GGUF one (dequantized), into LlamaModel.
+    keep_gguf_q4: a GGUF's Q4_0/Q4_1 projections stay 4-bit (models/q4_linear.py; CPU only)."""
     cfg = read_hf_config(path)
     archs = cfg.get("architectures") or ["LlamaForCausalLM"]
     if not any(a in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM") for a in archs):
@@ -153,4 +155,8 @@ def load_target(path: str | Path, *, dtype=torch.float32, device="cpu",
     model = model.to(device=device, dtype=dtype).eval()
     # RoPE frequencies stay fp32 whatever the weight dtype (as in transformers).
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+    if keep_gguf_q4:
+        if file is None:
+            raise ValueError(f"{path}: 4-bit weights are kept from a GGUF only, and this is not one")
+        keep_q4(model, {k.removeprefix("model."): v for k, v in gguf_q4_blocks(file).items()})
     return model

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-tokens", type=int, default=0, help="draft tokens verified per step (0: steps + 1)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--gguf-q4", action="store_true",
+                   help="keep a GGUF's Q4_0/Q4_1 projections 4-bit (CPU; fewer bytes read a step)")
     p.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
     p.add_argument("--max-context", type=int, default=0, help="tokens per request (0: the model's maximum)")
     p.add_argument("--compile", action="store_true",
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.steps is not None:
         parser.error("--steps needs --draft (the EAGLE-3 drafter)")
     engine = build_engine_process(NativeEngineArgs(
-        model=args.model, draft=args.draft, spec=spec, device=args.device, dtype=args.dtype,
+        model=args.model, draft=args.draft, spec=spec, device=args.device, dtype=args.dtype, gguf_q4=args.gguf_q4,
         max_batch=args.max_batch, max_context=args.max_context, max_waiting=args.max_waiting,
         compile=args.compile, compile_max_batch=args.compile_max_batch, served_model_name=args.served_model_name),
         log_format=LOG_FORMAT, log_level=args.log_level)

@@ -21,9 +21,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from drafter.cli import main as drafter_main
-from models.gguf import SUPPORTED_TYPES, gguf_hf_config, gguf_state_dict
+from models.gguf import SUPPORTED_TYPES, gguf_hf_config, gguf_q4_blocks, gguf_state_dict
 from models.hf_config import read_hf_config
+from models.layers import fuse_projections
 from models.llama import load_target
+from models.q4_linear import Q4Linear
 from models.tokenizer import CHAT_TEMPLATE, load_tokenizer
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -214,6 +216,31 @@ def test_tiny_logits_match_transformers(tmp_path, arch):
     tokens = torch.randint(0, len(TOKENS), (2, 24))
     with torch.no_grad():
         assert (load_target(file)(tokens).logits - hf(tokens).logits).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+def test_4bit_projections_kept_4bit_hold_the_files_values(tmp_path, qtype):
+    """--gguf-q4: each Q4 block becomes one group of torch's int4 CPU matmul with the file's own
+    scale and zero, so the values are the dequantized ones (to float32 rounding) and the logits
+    those of the float32 model, before and after q/k/v and gate/up fusion."""
+    file = tmp_path / "tiny.gguf"
+    write_tiny_gguf(file, qtype)
+    dense = gguf_state_dict(file)
+    for name, b in gguf_q4_blocks(file).items():
+        groups = (b.q.float() - 8).view(*b.scale.shape, -1) * b.scale[..., None] + b.zero[..., None]
+        assert torch.allclose(groups.view_as(dense[name]), dense[name], rtol=0, atol=1e-6), name
+    q4 = load_target(file, keep_gguf_q4=True)
+    assert sum(isinstance(m, Q4Linear) for m in q4.modules()) == 7 * LAYERS
+    tokens = torch.randint(0, len(TOKENS), (2, 24))
+    with torch.no_grad():
+        ref = load_target(file)(tokens).logits
+        assert (q4(tokens).logits - ref).abs().max() < 1e-4
+        fuse_projections(q4)
+        assert sum(isinstance(m, Q4Linear) for m in q4.modules()) == 4 * LAYERS  # qkv, o, gate_up, down
+        assert (q4(tokens).logits - ref).abs().max() < 1e-4
+    assert drafter_main(["export-hf", str(file), str(tmp_path / "hf")]) == 0
+    with pytest.raises(ValueError, match="from a GGUF only"):
+        load_target(tmp_path / "hf", keep_gguf_q4=True)
 
 
 def test_export_hf_round_trip(tmp_path, capsys):
