@@ -117,7 +117,7 @@ def test_pipeline_end_to_end_through_our_server(tmp_path, one_thread):
     assert drafter(["export", str(run), str(trained)]) == 0
     assert drafter(["export", str(run), str(untrained), "--step", "0"]) == 0
     cfg = json.loads((trained / "config.json").read_text())
-    assert cfg["specserve"]["trained_aux_layer_outputs"] == [1, 1, 0] and cfg["specserve"]["trained_steps"] == 200
+    assert cfg["specserve"]["trained_aux_layer_outputs"] == [0, 1, 1] and cfg["specserve"]["trained_steps"] == 200
 
     results = tmp_path / "eval.json"
     assert drafter(["eval", "--target", str(target), "--draft", str(untrained), "--draft", str(trained),
