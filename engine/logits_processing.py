@@ -32,10 +32,11 @@ class LogitsProcessor:
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # prompt and output, for repetition
         self.seen[torch.tensor([t for t in prompt if 0 <= t < vocab_size], dtype=torch.long, device=device)] = True
         self.bias = None
-        if params.logit_bias:
+        bias = {t: b for t, b in params.logit_bias.items() if 0 <= t < vocab_size}  # the server checked ids
+        if bias:
             self.bias = torch.zeros(vocab_size, device=device)
-            ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
-            self.bias[ids] = torch.tensor(list(params.logit_bias.values()), device=device)
+            self.bias[torch.tensor(list(bias), dtype=torch.long, device=device)] = torch.tensor(list(bias.values()),
+                                                                                                device=device)
         self.stop_ids = torch.tensor(sorted(set(stop_ids) | set(params.stop_token_ids)), dtype=torch.long,
                                      device=device)
         self.emitted = 0
