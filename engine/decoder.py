@@ -197,6 +197,39 @@ class BatchDecoder:
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
 
     @torch.inference_mode()
+    def prefill_shared(self, row: int, sources: list[int], prompts: list[list[int]],
+                       sampling: BatchSampling) -> list[StepResult]:
+        """Rows row .. row + len(sources) - 1 take prompts that rows `sources` hold already (n > 1
+        choices, or clients sending one prompt): a source row's cache below its prompt length is
+        still that prompt's, as its prefill wrote it, so those positions are copied, and one target forward
+        of each prompt's last token (its KV rewritten with the same values) gives the first token,
+        one drafter step the draft state. Costs a copied row and a one-token step, not a prefill."""
+        n, dev = len(sources), self.device
+        caches = [layer.self_attn.kv_cache for layer in self.target.layers]
+        if self.spec:
+            caches.append(self.drafter.midlayer.self_attn.kv_cache)
+        for i, (src, prompt) in enumerate(zip(sources, prompts)):
+            for cache in caches:
+                cache.copy_row(src, row + i, len(prompt))
+        lens = [len(p) for p in prompts]
+        span = min(self.cache_len, -(-max(lens) // self.span_multiple) * self.span_multiple)
+        inputs = block_inputs(torch.tensor(lens, device=dev) - 1, torch.ones(n, 1, 1, dtype=torch.bool, device=dev),
+                              torch.zeros(n, 1, dtype=torch.long, device=dev), span, row_offset=row)
+        last = torch.tensor([[p[-1]] for p in prompts], device=dev)
+        out = self.target(last, inputs, capture_aux=self.spec is not None)
+        probs = probs_from_logits(self._process(out.logits, sampling, [[[]]] * n), sampling)[:, 0]
+        first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
+        self.lens[row:row + n] = lens
+        self.pending[row:row + n] = first
+        if self.spec:
+            d = self.drafter(first.unsqueeze(1), out.aux_hidden, inputs)
+            self.draft_logits[row:row + n] = d.logits[:, 0]
+            self.draft_hidden[row:row + n] = d.hidden[:, 0]
+        firsts = first.tolist()
+        logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
+        return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
+
+    @torch.inference_mode()
     def warm_up(self, max_rows: int) -> None:
         """Run one device-side greedy step at every batch size up to max_rows (as padded), so
         that torch.compile and graph capture (a minute or more per size on GPU with `compile`)

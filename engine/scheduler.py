@@ -336,8 +336,17 @@ class NativeEngine:
                     break
                 group.append(self._waiting.popleft())
                 longest = longest_next
-            row = len(self._active)
+            # A prompt that a running row (or one of this group) holds already is not prefilled
+            # again: those rows come after the group's prefill and copy it (decoder.prefill_shared).
+            held = {tuple(r.prompt): i for i, r in enumerate(self._active) if not r.finish_reason}
+            fresh = []
             for r in group:
+                if tuple(r.prompt) not in held:
+                    held[tuple(r.prompt)] = len(self._active) + len(fresh)
+                    fresh.append(r)
+            shared = [r for r in group if all(r is not f for f in fresh)]
+            row = len(self._active)
+            for r in fresh + shared:
                 self._left_queue()
                 self._active.append(r)
                 if r.params.processes_logits:
@@ -345,7 +354,10 @@ class NativeEngine:
                         r.params, r.prompt, dec.target.config.vocab_size, dec.device, sorted(self.eos_ids),
                         self._grammars, r.grammar.result() if r.grammar is not None else None)
             self._batch_sampling = None
-            firsts = dec.prefill_rows(row, [r.prompt for r in group], self._sampling(group))
+            firsts = dec.prefill_rows(row, [r.prompt for r in fresh], self._sampling(fresh)) if fresh else []
+            if shared:
+                firsts += dec.prefill_shared(row + len(fresh), [held[tuple(r.prompt)] for r in shared],
+                                             [r.prompt for r in shared], self._sampling(shared))
             for i, first in enumerate(firsts):
                 self._consume(row + i, first.tokens, logprobs=first.logprobs)
             for i in reversed(range(row, row + len(group))):

@@ -100,9 +100,10 @@ class KVCache(nn.Module):
         self.k[r, :, dst] = self.k[r, :, src]
         self.v[r, :, dst] = self.v[r, :, src]
 
-    def copy_row(self, src: int, dst: int):
-        self.k[dst].copy_(self.k[src])
-        self.v[dst].copy_(self.v[src])
+    def copy_row(self, src: int, dst: int, upto: int | None = None):
+        """Row src's cache into row dst: all of it, or its first `upto` positions (a shared prompt)."""
+        self.k[dst, :, :upto].copy_(self.k[src, :, :upto])
+        self.v[dst, :, :upto].copy_(self.v[src, :, :upto])
 
 
 class Linear(nn.Linear):

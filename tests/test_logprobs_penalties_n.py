@@ -234,3 +234,74 @@ def test_echo_prepends_the_prompt(spec):
     assert streamed == prompt + plain_text
     ids = h.models().completion_ids(prompt)
     assert complete(spec, ids, echo=True).choices[0].text == h.models().tokenizer.decode(ids) + plain_text
+
+
+def test_a_prompt_held_by_a_running_row_is_not_prefilled_again():
+    """Requests with a prompt that a running row (or another of their admission group) holds
+    copy that row's prompt cache instead of prefilling (decoder.prefill_shared), and give
+    exactly the same greedy tokens and logprobs, with speculation and without."""
+    from engine.api import SamplingParams
+    models = h.models()
+    prompt = h.COMPLETION_PROMPTS[7]
+    ids, want = models.completion_ids(prompt), models.greedy[("completion", prompt)][:h.MAX_TOKENS]
+    for engine in (h.plain_server().engine, h.native_engine(models, speculative=True)):
+        if not engine.ready:
+            engine.start_blocking()
+        shared, real = [], engine.decoder.prefill_shared
+        engine.decoder.prefill_shared = lambda *a: shared.append(len(a[1])) or real(*a)
+
+        async def one(rid, max_tokens, started=None):
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, ignore_eos=True)
+            toks, lps = [], []
+            async for out in engine.generate(rid, ids, params):
+                toks += out.token_ids
+                lps += [x.logprob for x in out.logprobs or []]
+                if started is not None and len(toks) >= 3:
+                    started.set()
+            return toks, lps
+
+        async def go():
+            started = asyncio.Event()
+            first = asyncio.ensure_future(one("a", 400, started))  # still running when the others come
+            await started.wait()
+            return [await first] + list(await asyncio.gather(one("b", 200), one("c", 200)))
+        try:
+            (a, la), (b, lb), (c, lc) = asyncio.run(go())
+        finally:
+            engine.decoder.prefill_shared = real
+        assert a[:h.MAX_TOKENS] == want and b == c == a[:200]
+        assert max(abs(x - y) for x, y in zip(la, lb)) < TOL and max(abs(x - y) for x, y in zip(lb, lc)) < TOL
+        assert sum(shared) >= 1  # c at least: b runs for 200 tokens
+        if engine is not h.plain_server().engine:
+            engine.stop_blocking()
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "spec"])
+def test_prefill_shared_equals_a_prefill(speculative):
+    """Decoder level, deterministic: a row that copies a running row's prompt cache decodes the
+    same greedy tokens as a row that prefilled the prompt itself."""
+    from engine.decoder import BatchDecoder, SpecConfig
+    from engine.sampling import BatchSampling
+    from models.eagle3_checkpoint import load_drafter
+    from models.llama import load_target
+    models = h.models()
+    target = load_target(models.target)
+    drafter = None
+    if speculative:
+        drafter = load_drafter(models.draft, target.embed_tokens.weight)
+        target.aux_layer_ids = list(drafter.config.aux_layer_ids)
+    ids = models.completion_ids(h.COMPLETION_PROMPTS[8])
+    g = lambda n: BatchSampling.all_greedy_rows(n, "cpu")  # noqa: E731
+
+    def run(share: bool) -> list[int]:
+        dec = BatchDecoder(target, drafter, SpecConfig(h.STEPS) if speculative else None, max_batch=2,
+                           max_context=512)
+        dec.prefill(0, ids, g(1))
+        for _ in range(3):
+            dec.step(1, g(1))
+        first = dec.prefill_shared(1, [0], [ids], g(1)) if share else dec.prefill_rows(1, [ids], g(1))
+        out = list(first[0].tokens)
+        while len(out) < 20:
+            out += dec.step(2, g(2))[1].tokens
+        return out[:20]
+    assert run(share=True) == run(share=False) == models.greedy[("completion", h.COMPLETION_PROMPTS[8])][:20]
