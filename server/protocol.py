@@ -18,7 +18,7 @@ from engine.api import Constraint
 from server.constraints import LEGACY_FIELDS, ResponseFormat, StructuredOutputs, constraint_of
 
 MAX_STOP_STRINGS = 64
-MAX_N = 16                 # choices per request (each is an engine request; their prefills share a forward)
+MAX_N = 16                 # choices per request (each an engine request; the prompt is prefilled once)
 MAX_TOP_LOGPROBS = 20      # chat top_logprobs, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # completions logprobs, as OpenAI
 MAX_LOGIT_BIAS = 1024      # entries of logit_bias

@@ -81,7 +81,7 @@ async def _generate(request: Request, ctx: ServerContext, req, ids: list[int], f
     if plan is not None:
         apply_tool_plan(plan, params)
     rid = request.state.request_id
-    # n > 1: one engine request per choice (the engine prefills them in one forward).
+    # n > 1: one engine request per choice (the engine prefills their prompt once: decoder.prefill_shared).
     gens = choice_generations(lambda p: Generation(ctx.engine, ctx.metrics.request(), rid, ctx.engine_request_id(rid),
                                                    ids, p, ctx.request_timeout_s), params, req.n)
     fmts = choice_formats(fmt, req.n, params.logprobs, ctx.engine.tokenizer)
