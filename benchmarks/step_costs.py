@@ -27,47 +27,13 @@ from pathlib import Path
 import torch
 
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.timing import time_ms
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.masks import block_inputs, causal
 from engine.sampling import BatchSampling
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "costs"
-
-
-def time_ms(fn, device: torch.device, iters: int) -> float:
-    """Median milliseconds per call; a CUDA graph replay on GPU, eager on CPU."""
-    if device.type != "cuda":
-        fn()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000.0)
-        return statistics.median(times)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    groups = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        groups.append(start.elapsed_time(end) / iters)
-    del graph
-    return statistics.median(groups)
 
 
 def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, max_context: int,

@@ -26,39 +26,15 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.engine_speed import decode_once
-from benchmarks.h200_decode import copy_bandwidth
 from benchmarks.report import provenance, write_json
 from benchmarks.shapes import random_drafter, random_target, weight_bytes
-from engine.cuda_graphs import GraphRunner
+from benchmarks.timing import copy_bandwidth
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.tensor_parallel import shard_model, warm_up
 from models.layers import fuse_projections
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "tp_decode"
-
-
-class CollectiveSafeGraphRunner(GraphRunner):
-    """GraphRunner whose capture tolerates NCCL: the eager warm-up's collectives are finished
-    and the capture mode is thread-local, so the c10d watchdog thread's event queries cannot
-    invalidate the capture. Replays are identical to the engine's."""
-
-    def run(self, key, fn):
-        if self.enabled and key not in self.graphs:
-            saved = [t.clone() for t in self.state()]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            for t, s in zip(self.state(), saved):
-                t.copy_(s)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                out = fn()
-            self.graphs[key] = (graph, out)
-        return super().run(key, fn)
 
 
 def decode_rate(dec: BatchDecoder, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -135,9 +111,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     bw = copy_bandwidth(gib=2) / 1e9 if cuda else None  # GB/s, on this rank's GPU
 
     spec = SpecConfig(args.steps) if drafter is not None else None
-    dec = BatchDecoder(target, drafter, spec, 1, args.prompt_len + args.tokens + 64, cuda_graphs=False,
-                       compile=args.compile)
-    dec.graphs = CollectiveSafeGraphRunner(device, dec._graph_state, enabled=cuda and not args.no_graphs)
+    dec = BatchDecoder(target, drafter, spec, 1, args.prompt_len + args.tokens + 64,
+                       cuda_graphs=cuda and not args.no_graphs, compile=args.compile)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (args.prompt_len,), generator=gen).tolist()
     decode_rate(dec, prompt, min(args.tokens, 32))  # warm-up and graph capture

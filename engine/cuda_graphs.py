@@ -4,6 +4,9 @@ A step function reads and writes only persistent device state, so it can be capt
 per (kind, rows, span) key and replayed. Before capture it runs once eagerly to warm up
 kernels; the small state tensors it mutates are restored afterwards (its KV-cache writes
 land beyond the committed lengths, where they are harmless). On CPU it just runs eagerly.
+Capture is thread-local and starts after the warm-up has finished on the device: another
+thread's CUDA calls (the c10d watchdog's event queries under tensor parallelism, a server
+thread) and the warm-up's collectives cannot invalidate it.
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ class GraphRunner:
             torch.cuda.current_stream().wait_stream(stream)
             for t, s in zip(self.state(), saved):
                 t.copy_(s)
+            torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 out = fn()
             self.graphs[key] = (graph, out)
         graph, out = self.graphs[key]
