@@ -187,3 +187,11 @@ def test_native_tp_profile_stops_clearly_until_the_engine_has_tp():
         with pytest.raises(ProfileError, match="h200x2-native.toml: parallel.tp: the native engine does not "
                                                "implement tensor parallelism"):
             native_engine_args(p)
+
+
+def test_cpu_fast_keeps_the_gguf_4_bit_in_bfloat16_with_speculation_off():
+    """cpu-fast: the 4-bit kernel needs the GGUF itself; bfloat16 speculation is not
+    token-identical to plain decoding, so it stays off unless asked for."""
+    p = resolve("cpu-fast", environ={}).profile
+    assert (p.native.gguf_q4, p.native.dtype, p.speculative.enabled) == (True, "bfloat16", False)
+    assert native_engine_args(p).gguf_q4
