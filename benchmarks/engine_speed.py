@@ -5,6 +5,12 @@ Batch 1, greedy, the same prompts for every setting, each reply ending at the ta
 median over prompts and repeats. Prints a table and optionally writes JSON.
 
   python -m benchmarks.engine_speed --model shipped/target --draft shipped/drafter --steps 0,1,2,3,4
+
+Without --model, a random pair of a real shape (--shape) decodes random prompts to max_tokens;
+--synthetic-accept then sets its acceptance (BatchDecoder.use_synthetic_acceptance): the cycle
+costs are real, the accept length chosen, and the output says SYNTHETIC.
+
+  python -m benchmarks.engine_speed --shape 8b --steps 0,3 --synthetic-accept 0.85,0.8,0.75 --compile
 """
 from __future__ import annotations
 
@@ -76,8 +82,10 @@ def stop_ids_for(args, target, tokenizer) -> frozenset[int]:
 
 
 def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, compile: bool = False,
-            overlap: bool = True, stop_ids: frozenset[int] = frozenset()) -> dict:
+            overlap: bool = True, stop_ids: frozenset[int] = frozenset(), synthetic: list[float] | None = None) -> dict:
     decoder = BatchDecoder(target, drafter if spec else None, spec, 1, max_context, compile=compile)
+    if spec and synthetic:
+        decoder.use_synthetic_acceptance(synthetic)
     # Warm-up on the longest prompt, to max_tokens: captures the graphs of every span the runs reach.
     decode_once(decoder, max(prompts, key=len), max_tokens, overlap)
     rates, accept, per_step, decoded = [], [], [], []
@@ -101,8 +109,11 @@ def measure(target, drafter, spec, prompts, max_tokens, repeats, max_context, co
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="target checkpoint (default: a random pair of --shape)")
     ap.add_argument("--draft")
+    ap.add_argument("--shape", default="8b", choices=["8b", "tiny"], help="the random pair's shape, without --model")
+    ap.add_argument("--prompt-len", type=int, default=128, help="random prompts' length, without --model")
+    ap.add_argument("--synthetic-accept", help="per-position acceptance rates, comma list (random pair only)")
     ap.add_argument("--steps", default="0,1,2,3,4", help="comma list; 0 = no speculation")
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--draft-tokens", type=int, default=0)
@@ -112,25 +123,56 @@ def main(argv=None) -> None:
 
     steps = [int(s) for s in args.steps.split(",")]
     spec_any = SpecConfig(max(steps), args.topk, args.draft_tokens if args.topk > 1 else 0) if max(steps) else None
-    target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=spec_any,
-                                                           device=args.device, dtype=args.dtype))
-    tok = load_tokenizer(args.model)
-    prompts = load_prompts(args.prompts, tok, args.num_prompts)
+    synthetic = [float(r) for r in args.synthetic_accept.split(",")] if args.synthetic_accept else None
+    if args.model:
+        if synthetic:
+            ap.error("--synthetic-accept is for the random pair (no --model): a real pair's acceptance is measured")
+        target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=spec_any,
+                                                               device=args.device, dtype=args.dtype))
+        tok = load_tokenizer(args.model)
+        prompts, stop_ids = load_prompts(args.prompts, tok, args.num_prompts), stop_ids_for(args, target, tok)
+    else:
+        target, drafter, device = random_pair(args.shape, args.device, args.dtype)
+        gen = torch.Generator().manual_seed(0)
+        shape = (args.num_prompts, args.prompt_len)
+        prompts = torch.randint(0, target.config.vocab_size, shape, generator=gen).tolist()
+        stop_ids = frozenset()  # random weights: every reply runs to max_tokens
     rows = []
+
+    def save() -> None:  # after every setting too: a run cut short keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": str(device), "args": vars(args),
+                                                   "synthetic_acceptance": synthetic, "rows": rows}, indent=2))
+
     for s in steps:
         spec = SpecConfig(s, args.topk, args.draft_tokens if args.topk > 1 else 0) if s else None
         r = measure(target, drafter, spec, prompts, args.max_tokens, args.repeats, args.max_context, args.compile,
-                    args.overlap, stop_ids_for(args, target, tok))
+                    args.overlap, stop_ids, synthetic)
         rows.append({"steps": s, "topk": args.topk if s else 0, **r})
+        print(f"steps {s}: {r['tok_per_s']:.1f} tok/s, accept length {r['accept_length']:.2f}", flush=True)
+        save()
     base = rows[0]["tok_per_s"] if steps[0] == 0 else None
-    print(f"device={device} dtype={target.embed_tokens.weight.dtype} model={args.model} draft={args.draft}")
+    print(f"device={device} dtype={target.embed_tokens.weight.dtype} model={args.model or 'random ' + args.shape} "
+          f"draft={args.draft}" + (f" SYNTHETIC acceptance {synthetic}" if synthetic else ""))
     print(f"{'steps':>5} {'tok/s':>9} {'accept':>7} {'speedup':>8}")
     for r in rows:
         r["speedup"] = r["tok_per_s"] / base if base else None
         sp = f"{r['speedup']:.2f}x" if base else "-"
         print(f"{r['steps']:>5} {r['tok_per_s']:>9.1f} {r['accept_length']:>7.2f} {sp:>8}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": str(device), "args": vars(args), "rows": rows}, indent=2))
+    save()
+
+
+def random_pair(shape: str, device: str, dtype: str):
+    """A random target of `shape` and its random EAGLE-3 drafter, fused, as the engine loads a real pair."""
+    from benchmarks.shapes import random_drafter, random_target
+    from engine.loading import pick_device, pick_dtype
+    from models.layers import fuse_projections
+
+    dev = pick_device(device)
+    target = random_target(shape, dev, pick_dtype(dtype, dev))
+    drafter = random_drafter(target, shape)
+    target.aux_layer_ids = list(drafter.config.aux_layer_ids)
+    return fuse_projections(target), fuse_projections(drafter), dev
 
 
 def add_measure_args(ap: argparse.ArgumentParser) -> None:

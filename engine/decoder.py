@@ -71,6 +71,15 @@ COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
 
 
 @dataclass
+class SyntheticAcceptance:
+    """Per-position acceptance rates [S] and the uniforms [max_batch, S] a step compares them
+    with, drawn before each launch (outside any captured graph or compiled function)."""
+    rates: torch.Tensor
+    uniforms: torch.Tensor
+    generator: torch.Generator
+
+
+@dataclass
 class StepResult:
     tokens: list[int]            # new tokens of this row, in order
     proposed: int = 0            # draft tokens verified (0 without speculation)
@@ -103,6 +112,7 @@ class BatchDecoder:
             dtype = drafter.fc.weight.dtype
             self.draft_logits = torch.zeros(max_batch, drafter.config.draft_vocab_size, dtype=dtype, device=self.device)
             self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
+        self.synthetic: SyntheticAcceptance | None = None             # benchmarks only, see below
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
         # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear)
@@ -116,6 +126,21 @@ class BatchDecoder:
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
             self._fns = {k: torch.compile(f, dynamic=False, options=dict(COMPILE_OPTIONS))
                          for k, f in self._fns.items()}
+
+    def use_synthetic_acceptance(self, rates: list[float], seed: int = 0) -> None:
+        """BENCHMARKS ONLY: device-side chain steps accept draft j with probability rates[j-1]
+        (given drafts 1..j-1 were accepted) instead of comparing it with the target's argmax,
+        so a random-weight target of a real shape runs its real cycle (draft, verify, accept,
+        extend) at a chosen accept length. The tokens are then meaningless. No engine argument,
+        profile or CLI flag of the server reaches this (as vLLM's synthetic rejection sampler
+        and SGLANG_SIMULATE_ACC_LEN, it is a measuring device)."""
+        if self.spec is None or len(rates) < self.spec.steps or not all(0 <= r <= 1 for r in rates):
+            steps = self.spec.steps if self.spec else 0
+            raise ValueError(f"synthetic acceptance needs one rate in [0, 1] per draft step ({steps})")
+        self.synthetic = SyntheticAcceptance(
+            torch.tensor(rates[:self.spec.steps], device=self.device),
+            torch.zeros(self.max_batch, self.spec.steps, device=self.device),
+            torch.Generator(self.device).manual_seed(seed))
 
     def _graph_state(self) -> list[torch.Tensor]:
         extra = [self.draft_logits, self.draft_hidden] if self.spec else []
@@ -280,6 +305,8 @@ class BatchDecoder:
         else:
             lens = self.lens[:rows] + [0] * (padded - rows)
             self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
+        if self.synthetic is not None:
+            self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
         tokens, counts = self.graphs.run((kind, padded, span), lambda: fn(self, padded, span))
         self._in_flight += 1
         return InFlight(rows, *self._start_copy(tokens[:rows], counts[:rows]))

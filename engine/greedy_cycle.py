@@ -45,7 +45,10 @@ def chain_greedy(dec, rows: int, span: int):
     depth = torch.arange(n, device=dev).expand(rows, n)
     out = dec.target(chain, block_inputs(base, causal(rows, n, dev), depth, span), capture_aux=True)
     argmax = out.logits.argmax(-1)                                                   # [B, N]
-    accepted = (chain[:, 1:] == argmax[:, :-1]).long().cumprod(-1).sum(-1)           # [B]
+    match = chain[:, 1:] == argmax[:, :-1]                                           # [B, S]
+    if dec.synthetic is not None:  # benchmarks only (BatchDecoder.use_synthetic_acceptance)
+        match = dec.synthetic.uniforms[:rows] < dec.synthetic.rates
+    accepted = match.long().cumprod(-1).sum(-1)                                      # [B]
     bonus = argmax.gather(1, accepted.unsqueeze(1))                                  # [B, 1]
     idx = torch.arange(n, device=dev).unsqueeze(0)
     # Emitted tokens: accepted drafts then the bonus; the same sequence feeds the drafter extend.
