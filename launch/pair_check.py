@@ -93,6 +93,8 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
     summary = (f"drafter fits target: hidden {t.hidden_size}, vocab {t.vocab_size}, "
                f"aux layer outputs {d.aux_layer_ids} of {t.num_hidden_layers} layers"
                + (", MLA drafter" if mla else "") + (f", target weights {quant}" if quant else ""))
+    if engine == "vllm":
+        return summary + "; " + vllm_feed(d_cfg, d.aux_layer_ids, t.num_hidden_layers, d_file)
     if engine != "sglang":
         if mla:
             raise PairMismatch(f"{d_file}: an MLA drafter ({d_cfg['architectures'][0]}) serves on SGLang or vLLM; "
@@ -124,6 +126,22 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
     vllm = captured_layer_outputs("vllm", configured, t.num_hidden_layers)
     return summary + (f"; SGLang ({conv}) captures outputs of layers {captured} (vLLM would feed {vllm}"
                       f"{'' if vllm == captured else ': different layers'})")
+
+
+def vllm_feed(d_cfg: dict, trained: list[int], num_layers: int, d_file: Path) -> str:
+    """What vLLM feeds a drafter served through its vLLM copy (ids = trained outputs + 1, as
+    launch/vllm_drafter.py writes them); PairMismatch when no ids can feed what training captured."""
+    from models.aux_layers import captured_layer_outputs, serving_ids_for
+
+    try:
+        served = serving_ids_for("vllm", trained)
+    except ValueError as e:
+        raise PairMismatch(f"{d_file}: {e}") from e
+    fed = captured_layer_outputs("vllm", served, num_layers)
+    if fed != list(trained):
+        raise PairMismatch(f"{d_file}: trained on the outputs of layers {trained}, but vLLM captures each layer "
+                           f"once and would feed {fed}; serve it on the native engine")
+    return f"vLLM gets aux ids {served} (inputs of layers) and feeds the outputs of layers {fed}"
 
 
 def check_checkpoint_files(model_path: str, draft_path: str | None) -> str:

@@ -26,9 +26,10 @@ except ModuleNotFoundError:  # Python 3.10
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 PROJECT_ROOT = PROFILE_DIR.parent.parent
-ENGINES = ("native", "sglang")
+ENGINES = ("native", "sglang", "vllm")
 NATIVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+VLLM_DTYPES = SGLANG_DTYPES
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
@@ -48,6 +49,7 @@ class ModelSection:
 @dataclass
 class ParallelSection:
     tp: int = 1
+    pp: int = 1                 # pipeline stages (vLLM)
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -96,6 +98,18 @@ class SGLangSection:
 
 
 @dataclass
+class VLLMSection:
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None   # on CPU: the fraction of RAM for the KV cache
+    max_num_seqs: int | None = None
+    draft_tensor_parallel_size: int | None = None  # 1 or parallel.tp (vLLM's default: tp)
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    extra: dict = field(default_factory=dict)  # further vLLM AsyncEngineArgs fields, passed as given
+
+
+@dataclass
 class Profile:
     name: str
     source: str
@@ -108,6 +122,7 @@ class Profile:
     server: ServerSection = field(default_factory=ServerSection)
     native: NativeSection = field(default_factory=NativeSection)
     sglang: SGLangSection = field(default_factory=SGLangSection)
+    vllm: VLLMSection = field(default_factory=VLLMSection)
 
     @property
     def spec_enabled(self) -> bool:
@@ -115,7 +130,8 @@ class Profile:
 
 
 _SECTIONS = {"model": ModelSection, "parallel": ParallelSection, "speculative": SpeculativeSection,
-             "server": ServerSection, "native": NativeSection, "sglang": SGLangSection}
+             "server": ServerSection, "native": NativeSection, "sglang": SGLangSection,
+             "vllm": VLLMSection}
 _TOP_SCALARS = {"description": str, "engine": str}
 
 
@@ -401,6 +417,10 @@ def _validate(p: Profile, path: Path, origin: dict[str, str]) -> None:
     par = p.parallel
     if par.tp < 1:
         fail("parallel.tp", f"must be >= 1, got {par.tp}")
+    if par.pp < 1:
+        fail("parallel.pp", f"must be >= 1, got {par.pp}")
+    if par.pp > 1 and p.engine != "vllm":
+        fail("parallel.pp", f"pipeline parallelism is set up for the vLLM engine only, not {p.engine}")
     if par.nnodes < 1:
         fail("parallel.nnodes", f"must be >= 1, got {par.nnodes}")
     if not 0 <= par.node_rank < par.nnodes:
@@ -408,7 +428,7 @@ def _validate(p: Profile, path: Path, origin: dict[str, str]) -> None:
     if par.nnodes > 1:
         if not par.dist_init_addr:
             fail("parallel.dist_init_addr", "is required when nnodes > 1 (host:port of node 0)")
-        if par.tp % par.nnodes:
+        if par.tp * par.pp % par.nnodes:
             fail("parallel.tp", f"tp = {par.tp} does not split evenly over nnodes = {par.nnodes}")
         if p.engine == "native":
             fail("parallel.nnodes", "the native engine runs on one node")
@@ -442,3 +462,23 @@ def _validate(p: Profile, path: Path, origin: dict[str, str]) -> None:
     if g.extra.get("incremental_streaming_output"):
         fail("sglang.extra", "incremental_streaming_output is not supported (the engine adapter expects "
                              "cumulative chunks)")
+    v = p.vllm
+    if v.dtype not in VLLM_DTYPES:
+        fail("vllm.dtype", f"{v.dtype!r} is not one of {', '.join(VLLM_DTYPES)}")
+    if v.gpu_memory_utilization is not None and not 0.0 < v.gpu_memory_utilization <= 1.0:
+        fail("vllm.gpu_memory_utilization", f"must be in (0, 1], got {v.gpu_memory_utilization}")
+    for k in ("max_model_len", "max_num_seqs"):
+        if getattr(v, k) is not None and getattr(v, k) < 1:
+            fail(f"vllm.{k}", f"must be >= 1, got {getattr(v, k)}")
+    if v.draft_tensor_parallel_size not in (None, 1, par.tp):
+        fail("vllm.draft_tensor_parallel_size", f"vLLM takes 1 or parallel.tp = {par.tp}, got "
+                                                f"{v.draft_tensor_parallel_size}")
+    if p.engine == "vllm" and s.enabled and s.topk != 1:
+        fail("speculative.topk", "the vLLM engine drafts a chain (topk = 1, num_speculative_tokens = steps)")
+    owned = {"model", "tokenizer", "served_model_name", "tensor_parallel_size", "pipeline_parallel_size", "nnodes",
+             "node_rank", "master_addr", "master_port", "dtype", "max_model_len", "gpu_memory_utilization",
+             "max_num_seqs", "enforce_eager", "trust_remote_code", "speculative_config", "disable_log_stats",
+             "per_request_spec_decode_metrics"}
+    clash = sorted(k for k in v.extra if k in owned)
+    if clash:
+        fail("vllm.extra", f"{', '.join(clash)} are set from the profile's own tables, not [vllm.extra]")

@@ -20,7 +20,7 @@ import torch
 from models.aux_layers import serving_ids_for
 from models.eagle3 import Eagle3Config, Eagle3Drafter
 from models.layers import rope_inv_freq
-from models.safetensors_io import load_state_dict, save_state_dict
+from models.safetensors_io import load_state_dict, save_state_dict, weight_files
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM aliases V3 to V2
@@ -154,3 +154,28 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, dtype=t
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
     return model
+
+
+def vllm_drafter_dir(draft: str | Path, out: str | Path) -> Path:
+    """A copy of the drafter at `out` that vLLM serves with the layers it was trained on: aux ids
+    from the recorded trained outputs (models.aux_layers; vLLM reads them as INPUTS of layers),
+    no d2t/t2d when the draft vocabulary is the target's. Unchanged weights are linked, not copied."""
+    draft, out = Path(draft).resolve(), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((draft / "config.json").read_text())
+    parsed = config_from_hf(cfg, str(draft / "config.json"))
+    trained = parsed.aux_layer_ids
+    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "use_aux_hidden_state": True,
+                           "eagle_aux_hidden_state_layer_ids": serving_ids_for("vllm", trained)}
+    cfg["specserve"] = {**cfg.get("specserve", {}), "trained_aux_layer_outputs": trained, "serving_engine": "vllm"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if parsed.draft_vocab_size == parsed.vocab_size:
+        state = {k: v for k, v in load_state_dict(draft).items() if k not in ("d2t", "t2d")}
+        save_state_dict(state, out / WEIGHTS_FILE)
+    else:
+        for f in weight_files(draft):
+            (out / f.name).symlink_to(f)
+        index = draft / "model.safetensors.index.json"
+        if index.is_file():
+            (out / index.name).symlink_to(index)
+    return out

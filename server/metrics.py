@@ -27,6 +27,9 @@ Counters cover requests that reached the engine. Speculative counters are observ
 engine step (each delta carries the verify steps that made it, as vLLM's
 SpecDecodingStats.observe_draft), so dashboards do not wait for requests to end and an
 aborted request's drafts are counted; the SGLang engine reports its totals on the last chunk.
+An engine that counts verify steps itself per engine step (vLLM: its stat loggers'
+SpecDecodingStats, the `step_spec` property) has these four counters read from it at scrape time
+instead; its deltas carry no spec_step.
 Running/waiting gauges and GPU gauges are read at scrape time.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ import re
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from engine.api import Engine, GenerationOutput, SpecStats
 from server.gpu_metrics import GpuCollector
@@ -53,6 +56,15 @@ ACCEPT_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.25, 
                          7.0, 8.0, 10.0, 12.0, 16.0)
 TOKENS_PER_SECOND_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 50, 75, 100, 150, 200, 250, 300, 400, 500, 750, 1000,
                              1500, 2000, 3000, 5000)
+
+# (name, help) of the speculative counters: verify steps, proposed, accepted, accepted per position.
+SPEC_COUNTERS = (
+    ("specserve_spec_verify_steps", "Speculative verify steps (target forwards over a draft)."),
+    ("specserve_spec_draft_tokens", "Draft tokens proposed for verification."),
+    ("specserve_spec_accepted_tokens", "Draft tokens accepted (bonus token excluded)."),
+    ("specserve_spec_accepted_tokens_per_position", "Verify steps whose draft token at `position` (from 0) was "
+                                                    "accepted."),
+)
 
 GPU_METRICS = {
     "utilization": ("specserve_gpu_utilization_percent", "GPU utilization (NVML), percent."),
@@ -72,15 +84,13 @@ class ServerMetrics:
                                 registry=r)
         for reason in FINISH_REASONS:
             self.requests.labels(reason)
-        self.verify_steps = Counter("specserve_spec_verify_steps", "Speculative verify steps (target forwards "
-                                    "over a draft).", registry=r)
-        self.draft_tokens = Counter("specserve_spec_draft_tokens", "Draft tokens proposed for verification.",
-                                    registry=r)
-        self.accepted_tokens = Counter("specserve_spec_accepted_tokens", "Draft tokens accepted (bonus token "
-                                       "excluded).", registry=r)
-        self.accepted_per_position = Counter(
-            "specserve_spec_accepted_tokens_per_position", "Verify steps whose draft token at `position` (from 0) "
-            "was accepted.", ["position"], registry=r)
+        if hasattr(engine, "step_spec"):  # the engine counts them per engine step (vLLM)
+            r.register(_EngineSpecCollector(engine))
+        else:
+            self.verify_steps = Counter(SPEC_COUNTERS[0][0], SPEC_COUNTERS[0][1], registry=r)
+            self.draft_tokens = Counter(SPEC_COUNTERS[1][0], SPEC_COUNTERS[1][1], registry=r)
+            self.accepted_tokens = Counter(SPEC_COUNTERS[2][0], SPEC_COUNTERS[2][1], registry=r)
+            self.accepted_per_position = Counter(SPEC_COUNTERS[3][0], SPEC_COUNTERS[3][1], ["position"], registry=r)
         self.ttft = Histogram("specserve_time_to_first_token_seconds", "Arrival to first token.",
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("specserve_inter_token_latency_seconds", "Time per output token after the first.",
@@ -184,6 +194,26 @@ class _EngineLoadCollector:
                                 value=running)
         yield GaugeMetricFamily("specserve_num_requests_waiting", "Requests waiting for a batch slot.",
                                 value=waiting)
+
+
+class _EngineSpecCollector:
+    """The speculative counters from the engine's own per-step totals (`engine.step_spec`)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        s = self.engine.step_spec or SpecStats()
+        for (name, doc), value in zip(SPEC_COUNTERS, (s.verify_steps, s.proposed_draft_tokens,
+                                                      s.accepted_draft_tokens)):
+            yield CounterMetricFamily(name, doc, value=value)
+        per_position = CounterMetricFamily(SPEC_COUNTERS[3][0], SPEC_COUNTERS[3][1], labels=["position"])
+        for pos, count in enumerate(s.accepted_per_position):
+            per_position.add_metric([str(pos)], count)
+        yield per_position
 
 
 class _LaunchInfoCollector:

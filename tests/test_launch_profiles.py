@@ -99,7 +99,7 @@ def test_external_profile_paths_resolve_against_its_folder(tmp_path):
      "topk = 1 needs draft_tokens = steps + 1 = 3, got 5"),
     (GOOD.replace("topk = 1", "topk = 0"), "speculative.topk", "must be >= 1"),
     (GOOD.replace("topk = 1\ndraft_tokens = 3", "topk = 4\ndraft_tokens = 1"), "speculative.draft_tokens", ">= 2"),
-    (GOOD.replace('engine = "native"', 'engine = "vllm"'), "engine", "not one of native, sglang"),
+    (GOOD.replace('engine = "native"', 'engine = "trtllm"'), "engine", "not one of native, sglang, vllm"),
     (GOOD.replace('draft = "drafter"\n', ""), "model.draft", "no drafter is set"),
     (GOOD + "[parallel]\nnnodes = 2\n", "parallel.dist_init_addr", "required when nnodes > 1"),
     (GOOD + "[parallel]\ntp = 0\n", "parallel.tp", "must be >= 1"),
