@@ -261,7 +261,7 @@ def vllm_drafter(launch: Launch, dry_run: bool) -> str | None:
                                             "CHECK)"), flush=True)
     if dry_run:
         return None
-    draft = vllm_copy(p.model.draft)
+    draft = vllm_copy(p.model.draft, layers)
     print(f"vllm drafter: {draft}" + (" (a copy made for vLLM)" if draft != p.model.draft else ""), flush=True)
     return draft
 

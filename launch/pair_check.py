@@ -74,7 +74,7 @@ def quantization(cfg: dict) -> str | None:
 def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
     """Raise PairMismatch when the drafter does not fit; return a one-line summary when it does."""
     from engine.loading import check_pair
-    from models.aux_layers import capture_convention, captured_layer_outputs
+    from models.aux_layers import captured_layer_outputs
     from models.eagle3_checkpoint import ARCHITECTURE, config_from_hf, is_mla_drafter
 
     t_file, d_file = Path(model_path) / "config.json", Path(draft_path) / "config.json"
@@ -94,7 +94,9 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
                f"aux layer outputs {d.aux_layer_ids} of {t.num_hidden_layers} layers"
                + (", MLA drafter" if mla else "") + (f", target weights {quant}" if quant else ""))
     if engine == "vllm":
-        return summary + "; " + vllm_feed(d_cfg, d.aux_layer_ids, t.num_hidden_layers, d_file)
+        trained = trained_outputs(d_cfg, t.num_hidden_layers)
+        return summary + "; " + vllm_feed(trained if trained is not None else d.aux_layer_ids,
+                                          t.num_hidden_layers, d_file)
     if engine != "sglang":
         if mla:
             raise PairMismatch(f"{d_file}: an MLA drafter ({d_cfg['architectures'][0]}) serves on SGLang or vLLM; "
@@ -106,11 +108,7 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
                            f"aux hidden states); serve it without speculation")
     conv = sglang_convention(t.architectures)
     configured = (d_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    ours = d_cfg.get("specserve") or {}
-    trained = ours.get("trained_aux_layer_outputs")
-    if trained is None and ours.get("capture_engine"):  # what the capture engine fed for these ids
-        trained = captured_layer_outputs(capture_convention(ours["capture_engine"]), configured,
-                                         t.num_hidden_layers)
+    trained = trained_outputs(d_cfg, t.num_hidden_layers)
     captured = captured_layer_outputs(conv, configured, t.num_hidden_layers)
     if trained is not None and list(captured) != list(trained):
         why = "re-export the drafter for " + conv
@@ -128,7 +126,20 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
                       f"{'' if vllm == captured else ': different layers'})")
 
 
-def vllm_feed(d_cfg: dict, trained: list[int], num_layers: int, d_file: Path) -> str:
+def trained_outputs(d_cfg: dict, num_layers: int) -> list[int] | None:
+    """The layer outputs a drafter was trained on: recorded, or what its recorded capture engine
+    fed for its configured ids (SpecForge's SGLang backend); None when it records neither."""
+    from models.aux_layers import capture_convention, captured_layer_outputs
+
+    configured = (d_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ours = d_cfg.get("specserve") or {}
+    trained = ours.get("trained_aux_layer_outputs")
+    if trained is None and ours.get("capture_engine"):
+        trained = captured_layer_outputs(capture_convention(ours["capture_engine"]), configured, num_layers)
+    return trained
+
+
+def vllm_feed(trained: list[int], num_layers: int, d_file: Path) -> str:
     """What vLLM feeds a drafter served through its vLLM copy (ids = trained outputs + 1, as
     launch/vllm_drafter.py writes them); PairMismatch when no ids can feed what training captured."""
     from models.aux_layers import captured_layer_outputs, serving_ids_for

@@ -19,16 +19,27 @@ from models.aux_layers import captured_layer_outputs, serving_ids_for
 from models.eagle3_checkpoint import config_from_hf
 
 
-def aux_plan(draft: str, num_layers: int) -> tuple[list[int], list[int], bool]:
-    """(aux ids for vLLM's config, layer outputs vLLM will feed, whether training recorded them)."""
+def trained(draft: str, num_layers: int) -> tuple[list[int], bool]:
+    """(the layer outputs the drafter was trained on, whether it records them or its capture
+    engine); without either, its ids are read as layer outputs (config_from_hf's assumption)."""
+    from launch.pair_check import trained_outputs
+
     cfg = json.loads((Path(draft) / "config.json").read_text())
-    trained = config_from_hf(cfg, str(Path(draft) / "config.json")).aux_layer_ids
-    served = serving_ids_for("vllm", trained)
-    recorded = (cfg.get("specserve") or {}).get("trained_aux_layer_outputs") is not None
+    known = trained_outputs(cfg, num_layers)
+    if known is not None:
+        return list(known), True
+    return config_from_hf(cfg, str(Path(draft) / "config.json")).aux_layer_ids, False
+
+
+def aux_plan(draft: str, num_layers: int) -> tuple[list[int], list[int], bool]:
+    """(aux ids for vLLM's config, layer outputs vLLM will feed, whether the drafter records
+    what training captured)."""
+    outputs, recorded = trained(draft, num_layers)
+    served = serving_ids_for("vllm", outputs)
     return served, captured_layer_outputs("vllm", served, num_layers), recorded
 
 
-def needs_copy(draft: str) -> bool:
+def needs_copy(draft: str, num_layers: int) -> bool:
     """Whether vLLM would capture other layers from the configured ids, or find d2t/t2d it refuses."""
     from safetensors import safe_open
 
@@ -37,7 +48,7 @@ def needs_copy(draft: str) -> bool:
     cfg = json.loads((Path(draft) / "config.json").read_text())
     parsed = config_from_hf(cfg, str(Path(draft) / "config.json"))
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids != serving_ids_for("vllm", parsed.aux_layer_ids):
+    if ids != aux_plan(draft, num_layers)[0]:
         return True
     if parsed.draft_vocab_size != parsed.vocab_size:
         return False
@@ -48,12 +59,12 @@ def needs_copy(draft: str) -> bool:
     return False
 
 
-def vllm_copy(draft: str) -> str:
+def vllm_copy(draft: str, num_layers: int) -> str:
     """The drafter folder to give vLLM: `draft` itself when it is vLLM's already, else a copy."""
     from models.eagle3_checkpoint import vllm_drafter_dir
 
-    if not needs_copy(draft):
+    if not needs_copy(draft, num_layers):
         return draft
     out = Path(tempfile.mkdtemp(prefix="specserve-vllm-drafter-"))
     atexit.register(shutil.rmtree, out, True)
-    return str(vllm_drafter_dir(draft, out))
+    return str(vllm_drafter_dir(draft, out, trained(draft, num_layers)[0]))

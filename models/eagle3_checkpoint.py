@@ -156,15 +156,15 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, dtype=t
     return model
 
 
-def vllm_drafter_dir(draft: str | Path, out: str | Path) -> Path:
+def vllm_drafter_dir(draft: str | Path, out: str | Path, trained: list[int] | None = None) -> Path:
     """A copy of the drafter at `out` that vLLM serves with the layers it was trained on: aux ids
-    from the recorded trained outputs (models.aux_layers; vLLM reads them as INPUTS of layers),
-    no d2t/t2d when the draft vocabulary is the target's. Unchanged weights are linked, not copied."""
+    from the trained outputs (given, or recorded; models.aux_layers; vLLM reads them as INPUTS of
+    layers), no d2t/t2d when the draft vocabulary is the target's. Unchanged weights are linked."""
     draft, out = Path(draft).resolve(), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((draft / "config.json").read_text())
     parsed = config_from_hf(cfg, str(draft / "config.json"))
-    trained = parsed.aux_layer_ids
+    trained = list(trained) if trained is not None else parsed.aux_layer_ids
     cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "use_aux_hidden_state": True,
                            "eagle_aux_hidden_state_layer_ids": serving_ids_for("vllm", trained)}
     cfg["specserve"] = {**cfg.get("specserve", {}), "trained_aux_layer_outputs": trained, "serving_engine": "vllm"}

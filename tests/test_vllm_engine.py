@@ -137,7 +137,7 @@ def test_greedy_chat_equals_native_streamed_and_not(vllm, prompts, native):
         assert full.usage.prompt_tokens == len(prompts["ids"][i])
         assert full.usage.completion_tokens == len(native[i]["token_ids"])
         assert full.choices[0].finish_reason == native[i]["finish_reason"]
-        check_spec(full.usage)
+        assert check_spec(full.usage)["verify_steps"] == native[i]["verify_steps"]  # the same drafts accepted
         chunks = list(client(vllm).chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
         assert chunks[0].choices[0].delta.role == "assistant"
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == native[i]["text"]
@@ -189,6 +189,16 @@ def test_seeds_logprobs_n_and_structured_outputs_reach_vllm(vllm):
     r = client(vllm).completions.create(model=MODEL, prompt="Answer:", temperature=0, max_tokens=8,
                                         extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
     assert r.choices[0].text in ("yes", "no")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    r = client(vllm).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A number?"}], temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    assert isinstance(json.loads(r.choices[0].message.content)["n"], int)
+    kw = dict(model=MODEL, prompt="def parse_header(line):", temperature=0, max_tokens=32)
+    plain = client(vllm).completions.create(**kw).choices[0].text
+    penalized = client(vllm).completions.create(**kw, presence_penalty=1.5, frequency_penalty=1.0,
+                                                extra_body={"repetition_penalty": 1.3})
+    assert penalized.choices[0].text != plain and penalized.usage.completion_tokens == 32
 
 
 def test_what_vllm_cannot_serve_is_a_400_naming_the_field(vllm):

@@ -98,12 +98,12 @@ def test_missing_vllm_is_one_clear_error(capsys, environ_restored, monkeypatch):
 
 def test_the_drafter_copy_for_vllm_feeds_the_trained_layers(tmp_path):
     assert aux_plan(str(SHIPPED_DRAFT), 32) == ([2, 16, 29], [1, 15, 28], True)
-    assert needs_copy(str(SHIPPED_DRAFT))
-    copy = vllm_copy(str(SHIPPED_DRAFT))
+    assert needs_copy(str(SHIPPED_DRAFT), 32)
+    copy = vllm_copy(str(SHIPPED_DRAFT), 32)
     cfg = json.loads((Path(copy) / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 16, 29]
     assert cfg["specserve"]["trained_aux_layer_outputs"] == [1, 15, 28]
-    assert not needs_copy(copy) and vllm_copy(copy) == copy  # vLLM's already: served as it is
+    assert not needs_copy(copy, 32) and vllm_copy(copy, 32) == copy  # vLLM's already: served as it is
 
 
 def test_sampling_params_map_to_vllm_names():
@@ -143,3 +143,20 @@ def test_vllm_statistics_become_spec_stats():
         4, 6, [4, 2, 0])
     assert finish("stop") == ("stop", None) and finish("length") == ("length", None)
     assert finish("abort")[0] == "abort" and finish("abort")[1]
+
+
+def test_reference_vllm_dry_run_names_the_layers_vllm_feeds_the_kimi_drafters(capsys, environ_restored,  # noqa: F811
+                                                                               tmp_path):
+    """SpecForge's Kimi-K2 drafter (features through SGLang's DeepSeek rule: ids [2, 30, 58] captured
+    outputs 1, 29, 57) needs no new ids on vLLM; the MLA drafter serves there too."""
+    from tests.test_launch_sglang_checks import kimi_k25_target, shipped_drafter
+
+    t = kimi_k25_target(tmp_path / "kimi")
+    for name in ("kimi_k2_eagle3.json", "kimi_k25_eagle3_mla.json"):
+        d = shipped_drafter(tmp_path / name, name, specserve={"capture_engine": "sglang-deepseek"})
+        rc, out, err = run_cli(capsys, "--dry-run", "--profile", "reference-vllm", "--model", str(t), "--draft", str(d))
+        assert rc == 0, err
+        assert ("vllm drafter: eagle_aux_hidden_state_layer_ids [2, 30, 58] (inputs of layers): vLLM feeds the "
+                "outputs of layers [1, 29, 57] of 61") in out
+        assert "vLLM gets aux ids [2, 30, 58]" in out and "target weights int4 compressed-tensors" in out
+        assert name.endswith("mla.json") or not needs_copy(str(d), 61)  # (no weights here to look into)
