@@ -183,8 +183,8 @@ class VLLMEngine:
 
     @property
     def load(self) -> tuple[int, int]:
-        """vLLM's scheduler counts from its last engine step, bounded by the requests its front-end
-        still holds (an idle engine core sends no step after the last abort)."""
+        """vLLM's scheduler counts from its last engine step (an abort reaches them one step later),
+        bounded by the requests its front-end still holds."""
         if self._llm is None:
             return 0, 0
         open_ = self._llm.get_num_unfinished_requests()
