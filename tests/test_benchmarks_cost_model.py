@@ -57,7 +57,10 @@ def test_costs_then_model_write_reports(tmp_path):
     result = cost_model.main(["--sweep", str(s), "--validate", str(tmp_path / "tiny.json"),
                               "--predict", str(tmp_path / "tiny.json"), "--name", "m", "--out-dir", str(out)])
     assert [v["source"] for v in result["validations"]] == ["parts", "cycle"]
-    assert [r["steps"] for r in result["validations"][0]["rows"]] == [1, 3]
+    # Whole cycles are always timed; a parts sum that timing noise makes <= 0 is left out (tiny
+    # timings on a shared machine), so only the cycle source is sure to keep both step counts.
+    assert {r["steps"] for r in result["validations"][0]["rows"]} <= {1, 3}
+    assert [r["steps"] for r in result["validations"][1]["rows"]] == [1, 3]
     assert result["predictions"][0]["label"] == "PREDICTION"
     assert "PREDICTION" in (out / "m.md").read_text()
     assert (out / "m.png").stat().st_size > 0 and json.loads((out / "m.json").read_text())["acceptance"]
