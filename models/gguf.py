@@ -1,6 +1,7 @@
 """Reading a GGUF Llama-family checkpoint (llama.cpp's format) as a Hugging Face one: a
 LlamaForCausalLM-style config from its metadata, and its weights dequantized to float32 under
-HF names, so every loader that takes a model directory can take a GGUF instead.
+HF names, so every loader that takes a model directory can take a GGUF instead; or its 4-bit
+blocks as they are, for layers that keep them (models/q4_linear.py).
 """
 from __future__ import annotations
 
