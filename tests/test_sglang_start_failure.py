@@ -34,7 +34,7 @@ def launch_schedulers(**server_args):
         p = ctx.Process(target=scheduler, args=(rank == 1,), daemon=True)
         p.start()
         w.close()
-        print("scheduler", p.pid, flush=True)
+        os.write(1, f"scheduler {p.pid}\n".encode())  # one write: the SIGQUIT may come mid-print
         readers.append(r)
     readers[0].recv()  # waits for rank 0's ready message, as sglang.Engine does
 
