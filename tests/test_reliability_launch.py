@@ -29,6 +29,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.server_harness import wait_process_healthy
 from tests.test_launch_serve import SERVE_SH, ServerProc, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,15 +163,7 @@ def live(pair, tmp_path_factory):
         proc = subprocess.Popen([str(SERVE_SH), "--profile", str(profile), "--port", str(port)], stdout=fh,
                                 stderr=subprocess.STDOUT, env=env(SPECSERVE_API_KEY=KEY), cwd=str(ROOT))
     srv = ServerProc(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline, srv.output()[-3000:]
-        try:
-            if httpx.get(srv.url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    wait_process_healthy(srv.url, proc, 120, srv.output)
     yield srv
     if proc.poll() is None:
         srv.stop()

@@ -23,7 +23,7 @@ import openai
 import psutil
 import pytest
 
-from tests.server_harness import free_port
+from tests.server_harness import free_port, wait_process_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -59,17 +59,8 @@ def vllm(tmp_path_factory):
         proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "launch.cli", "--profile", "cpu-vllm", "--port", str(port)],
                                 cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     served = Served(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 420
     try:
-        while True:
-            assert proc.poll() is None, f"server exited {proc.returncode}:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"not healthy in time:\n{log.read_text()[-4000:]}"
-            try:
-                if httpx.get(served.url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        wait_process_healthy(served.url, proc, 420, log.read_text)
         yield served
     finally:
         if proc.poll() is None:
