@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--name", help="output stem (default: model directory name or shape)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
+    if args.ref_steps + 1 > args.max_verify:  # the overhead constant needs the verify of S + 1 tokens
+        ap.error(f"--ref-steps {args.ref_steps} needs --max-verify >= {args.ref_steps + 1}")
     target, drafter, what = load_pair(args)
     with torch.inference_mode():
         r = measure(target, drafter, args.context, args.max_verify,
