@@ -109,12 +109,14 @@ def test_server_is_healthy_and_correct_after_fuzzing(fuzz_server):
     wait_for(lambda: engine.load == (0, 0), timeout=10, what="an idle engine")  # rows free after the reply
 
 
-@pytest.mark.parametrize("fields", [{"top_k": 2**70}, {"top_p": 1e-300, "temperature": 0.7}],
-                         ids=["top_k-2**70", "top_p-1e-300"])
+@pytest.mark.parametrize("fields", [{"top_k": 2**70}, {"top_p": 1e-300, "temperature": 0.7},
+                                    {"repetition_penalty": 1.5e-107, "presence_penalty": 1e-38}],
+                         ids=["top_k-2**70", "top_p-1e-300", "repetition_penalty-1.5e-107"])
 def test_values_that_once_killed_the_engine_are_served(fuzz_server, fields):
-    """Regressions, both found by the fuzzing above; each killed the engine thread for every
+    """Regressions, all found by the fuzzing above; each killed the engine thread for every
     client: top_k=2**70 passed validation (ge=-1, no upper bound) and overflowed an int64
-    tensor; top_p=1e-300 is 0.0 in float32, so top-p dropped every token and sampling got NaN."""
+    tensor; top_p=1e-300 is 0.0 in float32, so top-p dropped every token and sampling got NaN;
+    repetition_penalty=1.5e-107 divided positive logits to +inf, and softmax over +inf is NaN."""
     r = httpx.post(fuzz_server.url + "/v1/completions", timeout=60,
                    json={"prompt": "x", "max_tokens": 4, "seed": 1, **fields})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
