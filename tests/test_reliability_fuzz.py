@@ -90,7 +90,8 @@ def _serve_one(url, fields, chat, text):
         assert r.json()["error"]["code"] in ("context_length_exceeded", "invalid_value"), r.text
     elif fields.get("stream"):
         events = [line for line in r.text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "data: [DONE]" and '"error"' not in r.text, r.text[-500:]
+        # an "error" key, not the word: the tiny model may well write "error"
+        assert events[-1] == "data: [DONE]" and '"error":' not in r.text, r.text[-500:]
 
 
 def test_valid_requests_at_extreme_sampling_values_are_served(fuzz_server):
