@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.shapes import random_pair
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, load_models, load_tokenizer
 from engine.sampling import BatchSampling
@@ -161,18 +162,6 @@ def main(argv=None) -> None:
         print(f"{r['steps']:>5} {r['tok_per_s']:>9.1f} {r['accept_length']:>7.2f} {sp:>8}")
     save()
 
-
-def random_pair(shape: str, device: str, dtype: str):
-    """A random target of `shape` and its random EAGLE-3 drafter, fused, as the engine loads a real pair."""
-    from benchmarks.shapes import random_drafter, random_target
-    from engine.loading import pick_device, pick_dtype
-    from models.layers import fuse_projections
-
-    dev = pick_device(device)
-    target = random_target(shape, dev, pick_dtype(dtype, dev))
-    drafter = random_drafter(target, shape)
-    target.aux_layer_ids = list(drafter.config.aux_layer_ids)
-    return fuse_projections(target), fuse_projections(drafter), dev
 
 
 def add_measure_args(ap: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import torch
 
 from models.eagle3 import Eagle3Config, Eagle3Drafter
-from models.layers import rope_inv_freq
+from models.layers import fuse_projections, rope_inv_freq
 from models.llama import LlamaConfig, LlamaModel
 
 TARGETS = {
@@ -91,3 +91,14 @@ def weight_bytes(module: torch.nn.Module, skip_embedding: bool = True) -> int:
         seen.add(id(p))
         total += p.numel() * p.element_size()
     return total
+
+
+def random_pair(shape: str, device: str, dtype: str):
+    """A random target of `shape` and its random EAGLE-3 drafter, fused, as the engine loads a real pair."""
+    from engine.loading import pick_device, pick_dtype
+
+    dev = pick_device(device)
+    target = random_target(shape, dev, pick_dtype(dtype, dev))
+    drafter = random_drafter(target, shape)
+    target.aux_layer_ids = list(drafter.config.aux_layer_ids)
+    return fuse_projections(target), fuse_projections(drafter), dev

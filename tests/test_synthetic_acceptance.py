@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from benchmarks.engine_speed import random_pair
+from benchmarks.shapes import random_pair
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs
 from engine.sampling import BatchSampling
