@@ -24,7 +24,6 @@ import itertools
 import math
 import os
 import queue as queue_mod
-import socket
 import statistics
 import time
 import traceback
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.server_proc import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "nccl"
@@ -181,17 +181,11 @@ def _time_host_sync(x, cfg: SweepConfig, device) -> float:
 
 
 # -- the parent: one fresh process group per combination ---------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_combo(ctx, combo: Combo, world: int, cfg: SweepConfig, timeout_s: float) -> ComboResult:
     env = {**BASE_ENV, **dict(combo.env)}
     res = ComboResult(combo.label, env)
     out = ctx.Queue()
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_worker, args=(r, world, env, init, cfg, out), daemon=True) for r in range(world)]
     t0 = time.time()
     for p in procs:

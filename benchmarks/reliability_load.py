@@ -38,6 +38,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.report import provenance, write_json
+from benchmarks.server_proc import free_port, wait_healthy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = PROJECT_ROOT / "benchmarks" / "results" / "reliability"
@@ -266,20 +267,6 @@ def start_server(model: str, draft: str | None, port: int, max_batch: int, log_p
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(PROJECT_ROOT))
 
 
-def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {timeout_s:.0f} s")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--profile", help="start launch/serve.sh --profile PROFILE (its model, drafter, batch)")
@@ -303,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     proc, url, pid = None, args.url, args.pid
     if url is None:
-        from benchmarks.server_proc import free_port
         port = free_port()
         log = PROJECT_ROOT / "runs" / "reliability" / f"load_{args.name}.log"  # git-ignored
         proc = start_server(args.model, args.draft or None, port, args.max_batch, log, args.threads, args.profile,

@@ -10,8 +10,10 @@ import shlex
 import socket
 import subprocess
 import time
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,21 +24,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Poll /health until it answers 200 (ours, SGLang and vLLM answer 503 or refuse while the
-    model loads; /v1/models may answer earlier); fail early when the server process exits."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0,
+                 output: Callable[[], str] | None = None) -> None:
+    """Poll url/health until it answers 200: ours, SGLang and vLLM answer 503 or refuse the
+    connection while the model loads (/v1/models may answer earlier). Fail early when `proc`
+    exits or our server reports its engine "dead"; errors end with the tail of `output()`
+    (the server's log) when given. The one wait for a server, used by benchmarks and tests."""
+    def failed(what: str) -> str:
+        return f"{url}: {what}" + (f"\n{output()[-4000:]}" if output else "")
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(failed(f"server exited with {proc.returncode} before it was healthy"))
         try:
-            with urllib.request.urlopen(base_url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
+            r = httpx.get(url + "/health", timeout=5)
+            if r.status_code == 200:
+                return
+            if r.json().get("status") == "dead":  # our engine failed to load: no point waiting
+                raise RuntimeError(failed(f"engine failed to start: {r.text}"))
+        except (httpx.HTTPError, ValueError, AttributeError):
             pass
-        time.sleep(0.5)
-    raise TimeoutError(f"server at {base_url} not ready after {timeout_s:.0f} s")
+        if time.monotonic() > deadline:
+            raise TimeoutError(failed(f"not healthy after {timeout_s:.0f} s"))
+        time.sleep(0.2)
 
 
 @contextlib.contextmanager
@@ -51,7 +62,7 @@ def running_server(template: str, fields: dict, log_path: Path, timeout_s: float
         proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
         try:
             base = f"http://127.0.0.1:{port}"
-            wait_ready(base, proc, timeout_s)
+            wait_healthy(base, proc, timeout_s)
             yield base
         finally:
             proc.terminate()

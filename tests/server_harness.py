@@ -16,7 +16,6 @@ import asyncio
 import atexit
 import functools
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from benchmarks.server_proc import free_port
 
 MAX_TOKENS = 24
 STEPS = 3
@@ -83,27 +84,6 @@ class LiveServer:
             assert r.json().get("status") != "dead", f"engine failed to start: {r.json().get('error')}"
             time.sleep(0.05)
         raise AssertionError(f"{self.url} not healthy after {timeout}s")
-
-
-def wait_process_healthy(url: str, proc, timeout: float, output) -> None:
-    """Poll url/health of a server subprocess until it answers 200; fail with the tail of
-    output() if the process exits first or takes longer than `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"server exited {proc.returncode}:\n{output()[-4000:]}"
-        assert time.monotonic() < deadline, f"not healthy within {timeout:.0f} s:\n{output()[-4000:]}"
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(engine, wait: bool = True, **app_kwargs) -> LiveServer:

@@ -5,13 +5,11 @@ import json
 import math
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from benchmarks import prom_text, serving
-from benchmarks.server_proc import free_port
+from benchmarks.server_proc import free_port, wait_healthy
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +18,7 @@ def mock_url():
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.mock_server", "--port", str(port), "--accept", "3",
                              "--step-ms", "0.5"])
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
+    wait_healthy(url, proc, 10)
     yield url
     proc.terminate()
     proc.wait(10)

@@ -5,16 +5,15 @@ the trained drafter's accept length on the training prompts clearly beats the un
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
+from benchmarks.server_proc import free_port, wait_healthy
 from drafter.cli import main as drafter
 from tests.tiny import make_target_dir, stdlib_texts
 
@@ -34,38 +33,23 @@ def _prompts(path: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Server:
-    """`python -m server --model DIR` in a subprocess, ready when /v1/models answers."""
+    """`python -m server --model DIR` in a subprocess, ready when /health answers."""
 
     def __init__(self, model: Path, log: Path):
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         self.log = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(model), "--host", "127.0.0.1",
                                       "--port", str(self.port), "--log-level", "warning"],
                                      cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                r = httpx.get(self.url + "/models", timeout=2)
-                if r.status_code == 200:
-                    self.model = r.json()["data"][0]["id"]
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise TimeoutError("server did not become ready in 120 s")
-            time.sleep(0.5)
+        try:
+            wait_healthy(self.url.removesuffix("/v1"), self.proc, 120, log.read_text)
+        except BaseException:
+            self.close()
+            raise
+        self.model = httpx.get(self.url + "/models", timeout=10).json()["data"][0]["id"]
 
     def close(self):
         self.proc.terminate()

@@ -8,25 +8,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from benchmarks.server_proc import free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_SH = ROOT / "launch" / "serve.sh"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tiny_pair(root: Path) -> tuple[Path, Path]:
@@ -67,22 +61,12 @@ def start_server(args: list[str], log: Path, timeout: float = 240) -> ServerProc
     proc = subprocess.Popen([str(SERVE_SH), *args, "--host", "127.0.0.1", "--port", str(port)],
                             stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
     srv = ServerProc(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}:\n{srv.output()[-4000:]}")
-        try:
-            r = httpx.get(srv.url + "/health", timeout=2)
-            if r.status_code == 200:
-                return srv
-            if r.json().get("status") == "dead":  # the engine failed to load: no point waiting
-                srv.stop()
-                raise AssertionError(f"engine failed to start: {r.text}\n{srv.output()[-4000:]}")
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)
-    srv.stop()
-    raise AssertionError(f"server not healthy after {timeout}s:\n{srv.output()[-4000:]}")
+    try:
+        wait_healthy(srv.url, proc, timeout, srv.output)
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
 
 
 def completion(url: str, model: str, prompt: str = "def main(", max_tokens: int = 16, **kw) -> dict:

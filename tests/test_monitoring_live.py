@@ -16,7 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_launch_serve import ROOT, completion, free_port, make_tiny_pair, start_server
+from benchmarks.server_proc import free_port
+from tests.test_launch_serve import ROOT, completion, make_tiny_pair, start_server
 
 DASHBOARD = ROOT / "monitoring" / "grafana" / "specserve-dashboard.json"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -29,8 +29,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.server_harness import wait_process_healthy
-from tests.test_launch_serve import SERVE_SH, ServerProc, free_port
+from benchmarks.server_proc import free_port, wait_healthy
+from tests.test_launch_serve import SERVE_SH, ServerProc
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-reliability-7f3a9c1e5b"
@@ -163,7 +163,7 @@ def live(pair, tmp_path_factory):
         proc = subprocess.Popen([str(SERVE_SH), "--profile", str(profile), "--port", str(port)], stdout=fh,
                                 stderr=subprocess.STDOUT, env=env(SPECSERVE_API_KEY=KEY), cwd=str(ROOT))
     srv = ServerProc(proc, f"http://127.0.0.1:{port}", log)
-    wait_process_healthy(srv.url, proc, 120, srv.output)
+    wait_healthy(srv.url, proc, 120, srv.output)
     yield srv
     if proc.poll() is None:
         srv.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import reliability_load as rl
+from benchmarks.server_proc import wait_healthy
 from tests import server_harness as h
 
 
@@ -23,7 +24,7 @@ def server(tmp_path_factory):
     proc = rl.start_server(str(models.target), str(models.draft), port, max_batch=16, log_path=log, threads=1)
     url = f"http://127.0.0.1:{port}"
     try:
-        rl.wait_healthy(url, proc, timeout_s=120)
+        wait_healthy(url, proc, timeout_s=120, output=log.read_text)
         yield url, proc
     finally:
         proc.terminate()  # our own child, by pid

@@ -23,7 +23,7 @@ import openai
 import psutil
 import pytest
 
-from tests.server_harness import free_port, wait_process_healthy
+from benchmarks.server_proc import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -60,7 +60,7 @@ def vllm(tmp_path_factory):
                                 cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     served = Served(f"http://127.0.0.1:{port}", proc, log)
     try:
-        wait_process_healthy(served.url, proc, 420, log.read_text)
+        wait_healthy(served.url, proc, 420, log.read_text)
         yield served
     finally:
         if proc.poll() is None:

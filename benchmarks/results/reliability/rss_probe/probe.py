@@ -10,14 +10,14 @@ import psutil
 
 sys.path.insert(0, ".")
 from benchmarks import reliability_load as rl
-from benchmarks.server_proc import free_port
+from benchmarks.server_proc import free_port, wait_healthy
 
 port = free_port()
 proc = rl.start_server("shipped/target", sys.argv[1] or None, port, 8,
                        Path("runs/reliability/rss_probe_server.log"), 1, None)
 url = f"http://127.0.0.1:{port}"
 try:
-    rl.wait_healthy(url, proc)
+    wait_healthy(url, proc)
     import httpx
     model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
     items = rl.request_mix(100, [4], model=model)
