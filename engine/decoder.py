@@ -36,6 +36,11 @@ class SpecConfig:
     steps: int
     topk: int = 1
     num_draft_tokens: int = 0  # 0: steps + 1 (chain)
+    # Chains only: ((largest batch size, steps), ...) ascending; a step of B rows drafts the steps
+    # of the first entry with B <= its size (the last entry beyond). 0 drafts nothing: the target
+    # verifies just the pending token and the drafter extends over it, so drafting can resume.
+    # Speculation pays less as the batch grows (more rows share each forward's weight reads).
+    steps_by_batch: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
         if self.steps < 1 or self.topk < 1:
@@ -47,6 +52,23 @@ class SpecConfig:
             self.num_draft_tokens = self.steps + 1
         elif self.num_draft_tokens < 2:
             raise ValueError("tree drafting (topk > 1) needs num_draft_tokens >= 2")
+        self.steps_by_batch = tuple((int(b), int(s)) for b, s in self.steps_by_batch)
+        if self.steps_by_batch:
+            sizes = [b for b, _ in self.steps_by_batch]
+            if self.topk != 1:
+                raise ValueError("steps per batch size are for chains (topk 1)")
+            if sizes != sorted(set(sizes)) or sizes[0] < 1:
+                raise ValueError(f"steps_by_batch: batch sizes must be ascending and >= 1, got {sizes}")
+            if not all(0 <= s <= self.steps for _, s in self.steps_by_batch):
+                raise ValueError(f"steps_by_batch: steps must lie in 0..{self.steps} (the speculative steps), "
+                                 f"got {[s for _, s in self.steps_by_batch]}")
+
+    def steps_for(self, rows: int) -> int:
+        """Draft steps of an engine step over `rows` rows."""
+        for size, steps in self.steps_by_batch:
+            if rows <= size:
+                return steps
+        return self.steps_by_batch[-1][1] if self.steps_by_batch else self.steps
 
     @property
     def headroom(self) -> int:
@@ -58,6 +80,7 @@ class SpecConfig:
 class InFlight:
     """A launched device-side step: host copies of its outputs, valid once `done` completes."""
     rows: int
+    steps: int                   # draft steps it ran (0 without speculation)
     tokens: torch.Tensor         # [rows, W] on the host
     counts: torch.Tensor         # [rows]
     done: torch.cuda.Event | None
@@ -256,10 +279,14 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def warm_up(self, max_rows: int) -> None:
-        """Run one device-side greedy step at every batch size up to max_rows (as padded), so
-        that torch.compile and graph capture (a minute or more per size on GPU with `compile`)
-        happen before serving, not in a request's time. Leaves every row empty."""
-        for rows in sorted({self._padded(r) for r in range(1, min(max_rows, self.max_batch) + 1)}):
+        """Run one device-side greedy step of every shape the engine will run up to max_rows rows
+        (padded batch size, and draft steps with a steps table), so that torch.compile and graph
+        capture (a minute or more per shape on GPU with `compile`) happen before serving, not in
+        a request's time. Leaves every row empty."""
+        shapes = {}
+        for rows in range(1, min(max_rows, self.max_batch) + 1):
+            shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)
+        for rows in shapes.values():
             for row in range(rows):
                 self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
             self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
@@ -298,6 +325,7 @@ class BatchDecoder:
         """
         kind = "chain" if self.spec else "plain"
         fn = self._fns[kind]
+        steps = self.spec.steps_for(rows) if self.spec else 0
         span = self._span(rows, self._step_reach())
         padded = self._padded(rows)
         if self._in_flight:  # the device lengths are ahead of the host's: keep them
@@ -307,9 +335,9 @@ class BatchDecoder:
             self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
         if self.synthetic is not None:
             self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
-        tokens, counts = self.graphs.run((kind, padded, span), lambda: fn(self, padded, span))
+        tokens, counts = self.graphs.run((kind, padded, span, steps), lambda: fn(self, padded, span, steps))
         self._in_flight += 1
-        return InFlight(rows, *self._start_copy(tokens[:rows], counts[:rows]))
+        return InFlight(rows, steps, *self._start_copy(tokens[:rows], counts[:rows]))
 
     def collect(self, step: "InFlight") -> list[StepResult]:
         """Wait for a launched step (releasing the GIL on GPU) and account its tokens."""
@@ -320,8 +348,7 @@ class BatchDecoder:
         results = []
         for b in range(step.rows):
             self.lens[b] += counts[b]
-            results.append(StepResult(tokens[b][:counts[b]], proposed=self.spec.steps if self.spec else 0,
-                                      accepted=counts[b] - 1 if self.spec else 0))
+            results.append(StepResult(tokens[b][:counts[b]], proposed=step.steps, accepted=counts[b] - 1))
         return results
 
     def _plain_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
@@ -346,7 +373,8 @@ class BatchDecoder:
         state = DraftState(self.draft_logits[:rows], self.draft_hidden[:rows])
         root = self.pending[:rows]
         if spec.topk == 1:
-            tree = draft_chain(self.drafter, state, root, base, spec.steps, sampling, span, self._draft_masks(sampling))
+            tree = draft_chain(self.drafter, state, root, base, spec.steps_for(rows), sampling, span,
+                               self._draft_masks(sampling))
         else:
             tree = draft_tree(self.drafter, state, root, base, spec.steps, spec.topk, spec.num_draft_tokens, span)
         out = self.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True)

@@ -16,7 +16,7 @@ import torch
 from engine.masks import block_inputs, causal
 
 
-def plain_greedy(dec, rows: int, span: int):
+def plain_greedy(dec, rows: int, span: int, steps: int = 0):
     base = dec.lens_dev[:rows]
     dev = base.device
     inputs = block_inputs(base, torch.ones(rows, 1, 1, dtype=torch.bool, device=dev),
@@ -27,8 +27,9 @@ def plain_greedy(dec, rows: int, span: int):
     return new.unsqueeze(1), torch.ones_like(new)
 
 
-def chain_greedy(dec, rows: int, span: int):
-    steps, drafter, dev = dec.spec.steps, dec.drafter, dec.device
+def chain_greedy(dec, rows: int, span: int, steps: int):
+    """`steps` drafts (0: the pending token alone is verified and extended)."""
+    drafter, dev = dec.drafter, dec.device
     base = dec.lens_dev[:rows].clone()
     logits, hidden = dec.draft_logits[:rows], dec.draft_hidden[:rows]
     drafts = []
@@ -47,7 +48,7 @@ def chain_greedy(dec, rows: int, span: int):
     argmax = out.logits.argmax(-1)                                                   # [B, N]
     match = chain[:, 1:] == argmax[:, :-1]                                           # [B, S]
     if dec.synthetic is not None:  # benchmarks only (BatchDecoder.use_synthetic_acceptance)
-        match = dec.synthetic.uniforms[:rows] < dec.synthetic.rates
+        match = dec.synthetic.uniforms[:rows, :steps] < dec.synthetic.rates[:steps]
     accepted = match.long().cumprod(-1).sum(-1)                                      # [B]
     bonus = argmax.gather(1, accepted.unsqueeze(1))                                  # [B, 1]
     idx = torch.arange(n, device=dev).unsqueeze(0)

@@ -15,9 +15,10 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from launch.auto_steps import best_setting
+from launch.auto_steps import auto_setting
 from launch.pair_check import CheckpointError, PairMismatch, check_checkpoint_files, check_pair_configs
 from launch.profiles import Launch, Overrides, ProfileError, available_profiles, resolve
+from launch.steps_table import parse_table
 from server.tools import ParserSetupError, check_parser_names
 
 NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
@@ -96,6 +97,8 @@ def describe(launch: Launch) -> str:
     s, par, srv = p.speculative, p.parallel, p.server
     spec = (f"EAGLE3 steps {s.steps}, topk {s.topk}, draft tokens {s.draft_tokens}" if p.spec_enabled
             else "off")
+    if p.spec_enabled and s.steps_by_batch:
+        spec += ", per batch size " + ", ".join(f"<= {b}: {k}" for b, k in parse_table(s.steps_by_batch))
     lines = [f"specserve: profile {p.name} ({p.source})"]
     if p.description:
         lines.append(f"  {p.description}")
@@ -211,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             reasoning_parser=args.reasoning_parser)
         if args.steps == "auto":
             overrides.steps = None
-            choice, msg = best_setting(os.path.splitext(os.path.basename(name))[0])
+            choice, msg = auto_setting(resolve(name, overrides).profile)
             notes.append(msg)
             if choice is not None and choice.steps == 0:
                 overrides.no_spec = True
+            elif choice is not None and choice.steps_by_batch:
+                overrides.steps, overrides.steps_by_batch = choice.steps, choice.steps_by_batch
             elif choice is not None:  # an explicit --topk / --draft-tokens still wins
                 overrides.steps = choice.steps
                 if args.topk is None and args.draft_tokens is None:

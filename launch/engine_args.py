@@ -12,6 +12,7 @@ import dataclasses
 import json
 
 from launch.profiles import Profile, ProfileError
+from launch.steps_table import parse_table, sglang_adaptive_file, vllm_schedule
 
 
 def sglang_server_args(p: Profile) -> dict:
@@ -28,6 +29,9 @@ def sglang_server_args(p: Profile) -> dict:
         kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=p.model.draft,
                   speculative_num_steps=s.steps, speculative_eagle_topk=s.topk,
                   speculative_num_draft_tokens=s.draft_tokens)
+        if s.steps_by_batch:  # launch/steps_table.py: one pinned candidate per batch-size slot
+            kw.update(speculative_adaptive=True,
+                      speculative_adaptive_config=sglang_adaptive_file(parse_table(s.steps_by_batch)))
     g = p.sglang
     optional = {"mem_fraction_static": g.mem_fraction_static,
                 "cuda_graph_max_bs_decode": g.cuda_graph_max_bs_decode,
@@ -76,6 +80,8 @@ def vllm_engine_args(p: Profile, draft_dir: str | None = None) -> dict:
                 "num_speculative_tokens": p.speculative.steps}
         if v.draft_tensor_parallel_size is not None:
             spec["draft_tensor_parallel_size"] = v.draft_tensor_parallel_size
+        if p.speculative.steps_by_batch:
+            spec["num_speculative_tokens_per_batch_size"] = vllm_schedule(parse_table(p.speculative.steps_by_batch))
         kw.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
     optional = {"max_model_len": v.max_model_len, "gpu_memory_utilization": v.gpu_memory_utilization,
                 "max_num_seqs": v.max_num_seqs}
@@ -102,7 +108,8 @@ def native_engine_args(p: Profile):
 
     s = p.speculative
     kw = dict(model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
-              spec=SpecConfig(s.steps, s.topk, s.draft_tokens) if p.spec_enabled else None,
+              spec=SpecConfig(s.steps, s.topk, s.draft_tokens, parse_table(s.steps_by_batch) if s.steps_by_batch
+                              else ()) if p.spec_enabled else None,
               device=p.native.device, dtype=p.native.dtype, gguf_q4=p.native.gguf_q4, max_batch=p.native.max_batch,
               max_context=p.native.max_context, max_waiting=p.native.max_waiting,
               compile=p.native.compile, compile_max_batch=p.native.compile_max_batch,

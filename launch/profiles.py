@@ -61,6 +61,10 @@ class SpeculativeSection:
     steps: int = 3
     topk: int = 1
     draft_tokens: int = 0  # 0: steps + 1 (chain)
+    # Steps per batch size, { "largest batch size" = steps, ... } (0: no drafts at that load;
+    # launch/steps_table.py): what `benchmarks.step_sweep --concurrency` measured. Empty: `steps`.
+    steps_by_batch: dict = field(default_factory=dict)
+    sweep_file: str | None = None  # where that sweep writes its result; `--steps auto` reads it
 
 
 @dataclass
@@ -142,6 +146,7 @@ class Overrides:
     steps: int | None = None
     topk: int | None = None
     draft_tokens: int | None = None
+    steps_by_batch: dict | None = None   # from --steps auto
     no_spec: bool = False
     model: str | None = None
     draft: str | None = None
@@ -229,6 +234,11 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
     if o.steps is not None:  # asking for steps asks for speculation
         put("speculative", "enabled", True, "--steps")
         put("speculative", "steps", o.steps, "--steps")
+        spec = raw.get("speculative") if isinstance(raw.get("speculative"), dict) else {}
+        if o.steps_by_batch is None and spec.get("steps_by_batch"):
+            notes.append(f"--steps {o.steps}: every batch size drafts {o.steps} (the profile's steps_by_batch "
+                         f"is not used)")
+        put("speculative", "steps_by_batch", o.steps_by_batch or {}, "--steps")
     if o.topk is not None:
         put("speculative", "topk", o.topk, "--topk")
     if o.draft_tokens is not None:
@@ -374,6 +384,10 @@ def build_profile(raw: dict, path: Path, base: Path | None = None, origin: dict[
             setattr(prof.model, key, _resolve_path(getattr(prof.model, key), base))
         except FileNotFoundError as e:
             raise ProfileError(f"{_where('model.' + key, path, origin)}: model.{key}: {e}") from None
+    sweep = prof.speculative.sweep_file
+    if sweep:
+        sweep = os.path.expanduser(sweep)
+        prof.speculative.sweep_file = sweep if os.path.isabs(sweep) else str((base / sweep).resolve())
     _validate(prof, path, origin)
     return prof
 
@@ -412,6 +426,19 @@ def _validate(p: Profile, path: Path, origin: dict[str, str]) -> None:
     elif s.draft_tokens < 2:
         fail("speculative.draft_tokens", f"tree drafting (topk = {s.topk}) needs draft_tokens >= 2, "
                                          f"got {s.draft_tokens}")
+    if s.steps_by_batch:
+        from launch.steps_table import parse_table
+        try:
+            table = parse_table(s.steps_by_batch)
+        except ValueError as e:
+            fail("speculative.steps_by_batch", str(e))
+        if s.topk != 1:
+            fail("speculative.steps_by_batch", f"steps per batch size are for chains (topk = 1), not topk = {s.topk}")
+        most = max(k for _, k in table)
+        if most > s.steps:
+            fail("speculative.steps", f"must be >= the most steps_by_batch drafts ({most}), got {s.steps}")
+        if most == 0 and s.enabled:
+            fail("speculative.steps_by_batch", "drafts at no batch size: set speculative.enabled = false instead")
     if s.enabled and not p.model.draft:
         fail("model.draft", "speculative.enabled is true but no drafter is set (give --draft or --no-spec)")
     par = p.parallel

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from launch import cli
-from launch.auto_steps import best_setting
-from launch.profiles import PROJECT_ROOT
+from launch.profiles import PROFILE_DIR, PROJECT_ROOT
 
 SERVE_SH = PROJECT_ROOT / "launch" / "serve.sh"
 
@@ -163,16 +162,35 @@ def test_steps_auto_falls_back_with_a_message(capsys, environ_restored):
     assert rc == 0 and "--steps auto" in out and "--speculative-num-steps 2" in out
 
 
-def test_steps_auto_reads_the_step_sweep_best_record(capsys, environ_restored, tmp_path, monkeypatch):
-    """benchmarks/step_sweep.py writes <profile>.json with a "best" record; --steps auto serves it."""
-    assert best_setting("reference", tmp_path)[0] is None
-    (tmp_path / "reference.json").write_text(json.dumps(
+def sweep_profile(tmp_path: Path) -> Path:
+    """The reference profile, naming a sweep file beside it (as a deployment would)."""
+    text = (PROFILE_DIR / "reference.toml").read_text().replace("draft_tokens = 3\n",
+                                                                  'draft_tokens = 3\nsweep_file = "sweep.json"\n')
+    path = tmp_path / "reference.toml"
+    path.write_text(text)
+    return path
+
+
+def test_steps_auto_reads_the_sweep_file_the_profile_names(capsys, environ_restored, tmp_path):
+    """The step sweep writes a "best" record (and, from several concurrencies, steps_by_batch) to
+    the profile's speculative.sweep_file, outside the source tree; --steps auto serves it."""
+    prof = str(sweep_profile(tmp_path))
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
+    assert rc == 0 and "no step sweep at" in out and "--speculative-num-steps 2" in out
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(
         {"rows": [], "best": {"steps": 3, "topk": 4, "draft_tokens": 8, "tok_s": 101.5, "setting": "3:4:8"}}))
-    choice, msg = best_setting("reference", tmp_path)
-    assert (choice.steps, choice.topk, choice.draft_tokens) == (3, 4, 8) and "101.5 tok/s" in msg
-    monkeypatch.setattr("launch.cli.best_setting", lambda p: best_setting(p, tmp_path))
-    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--steps", "auto")
-    assert rc == 0 and "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8" in out
-    (tmp_path / "reference.json").write_text(json.dumps({"best": {"steps": 0, "topk": 1, "draft_tokens": 0}}))
-    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "reference", "--steps", "auto")
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
+    assert rc == 0 and "101.5 tok/s" in out
+    assert "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8" in out
+    sweep.write_text(json.dumps({"best": {"steps": 0, "topk": 1, "draft_tokens": 0}}))
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
     assert rc == 0 and "speculative  off" in out and "--speculative-algorithm" not in out
+    sweep.write_text(json.dumps({"best": {"steps": 4, "topk": 1, "draft_tokens": 5},
+                                 "steps_by_batch": {"1": 4, "4": 2, "16": 0}}))
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
+    assert rc == 0 and "per batch size <= 1: 4, <= 4: 2, <= 16: 0" in out
+    assert "--speculative-num-steps 4" in out and "--speculative-adaptive --speculative-adaptive-config" in out
+    adaptive = out.split("--speculative-adaptive-config ")[1].split()[0]
+    assert json.loads(Path(adaptive).read_text()) == {
+        "1": {"candidate_steps": [4]}, "2": {"candidate_steps": [2]}, "5": {"candidate_steps": [0]}}

@@ -102,7 +102,7 @@ def test_device_side_steps_trace_as_one_graph(models):
     dec.prefill(0, models["prompts"][1], greedy())
     with torch.inference_mode():
         for fn in (plain_greedy, chain_greedy):
-            e = dynamo.explain(fn)(dec, 1, dec.cache_len)
+            e = dynamo.explain(fn)(dec, 1, dec.cache_len, 3)
             assert (e.graph_count, e.graph_break_count) == (1, 0), (fn.__name__, e.break_reasons)
 
 
@@ -342,3 +342,36 @@ def test_shipped_pair_is_lossless_and_accepts_long_runs():
     out, acc = decode(target, drafter, SpecConfig(5), prompts, n=48)
     assert out == expected
     assert 1 + sum(sum(a) for a in acc) / sum(len(a) for a in acc) > 2.5
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["device-step", "general-step"])
+def test_steps_by_batch_size_is_lossless(models, fast):
+    """With a steps table the draft steps change as rows join and leave (4 steps alone, 2 with a
+    second row, none with three, where the target verifies the pending token alone and the
+    drafter keeps up): every row still gets its solo greedy output, and each step drafts what
+    the table says for the batch size it ran at."""
+    spec = SpecConfig(4, steps_by_batch=((1, 4), (2, 2), (3, 0)))
+    dec = BatchDecoder(models["target"], models["drafters"]["fitted"], spec, max_batch=3, max_context=512,
+                       fast_greedy=fast)
+    prompts, outs, proposed = models["prompts"], [[], [], []], {1: set(), 2: set(), 3: set()}
+
+    def run(rows: int, n_steps: int) -> None:
+        for _ in range(n_steps):
+            for i, r in enumerate(dec.step(rows, greedy(rows))):
+                outs[i] += r.tokens
+                proposed[rows].add(r.proposed)
+
+    outs[0] = [dec.prefill(0, prompts[0], greedy())]
+    run(1, 3)
+    outs[1] = [dec.prefill(1, prompts[1], greedy())]
+    run(2, 3)
+    outs[2] = [dec.prefill(2, prompts[2], greedy())]
+    run(3, 4)
+    dec.move_row(2, 0)  # row 0's request leaves; the third takes its row
+    done, outs[0] = outs[0], outs[2]
+    run(2, 20)
+    assert proposed == {1: {4}, 2: {2}, 3: {0}}
+    for out, expected in [(done, models["baseline"][0]), (outs[0], models["baseline"][2]),
+                          (outs[1], models["baseline"][1])]:
+        n = min(len(out), len(expected))
+        assert n > 10 and out[:n] == expected[:n]
