@@ -2,8 +2,8 @@
 
 Requests are validated strictly (JSON types must match: "10" is not an integer), ignore
 unknown fields (clients send many), and refuse known OpenAI features we do not implement
-instead of silently ignoring them (best_of, suffix, echo with logprobs; audio, prediction, store,
-... in `_CHAT_NEUTRAL`): every OpenAI field is honoured or refused with a 400 naming it.
+instead of silently ignoring them (echo with logprobs; best_of, suffix, audio, prediction, store,
+... in the `unoffered` tables): every OpenAI field is honoured or refused with a 400 naming it.
 Semantics follow vLLM's protocol.py: `max_completion_tokens` wins over `max_tokens`; `top_k` -1 or 0 disables it.
 Context-dependent checks (prompt length, max_tokens vs. context) live in server/prompts.py.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_serializer, model_validator
 
 from engine.api import Constraint
 from server.constraints import LEGACY_FIELDS, ResponseFormat, StructuredOutputs, constraint_of
@@ -44,13 +44,31 @@ class StreamOptions(_Strict):
         return v
 
 
+# Why a field is refused, where "not supported" alone would leave the client guessing.
+_REFUSED_BECAUSE = {"functions": "deprecated by OpenAI: use tools and tool_choice",
+                    "function_call": "deprecated by OpenAI: use tools and tool_choice"}
+
+
 def refuse_unless_neutral(neutral: dict[str, tuple], name: str, value):
     """For OpenAI fields we do not offer: a value other than absent/null or one of `neutral`'s
-    values is refused with a 400 naming the field, never silently ignored."""
-    if value is not None and value not in neutral[name]:
-        raise ValueError(f"{name} is not supported by this server (accepted: null"
+    values (of the same JSON type: true is not 1) is refused with a 400 naming the field, never
+    silently ignored."""
+    if value is not None and not any(type(value) is type(v) and value == v for v in neutral[name]):
+        why = f", {_REFUSED_BECAUSE[name]}" if name in _REFUSED_BECAUSE else ""
+        raise ValueError(f"{name} is not supported by this server{why} (accepted: null"
                          + "".join(f", {json.dumps(v)}" for v in neutral[name]) + ")")
     return value
+
+
+def unoffered(name: str, neutral: dict[str, tuple]) -> type[_Strict]:
+    """A base declaring the OpenAI fields we do not offer, `neutral` mapping each to the values
+    that mean "not used" (null always does): one table per request kind declares the fields and
+    their check, so the two cannot drift apart. `name` also names the validator: a request may
+    inherit several tables."""
+    def check(cls, v, info):
+        return refuse_unless_neutral(neutral, info.field_name, v)
+    return create_model(name, __base__=_Strict, __validators__={f"{name}_check": field_validator(*neutral)(check)},
+                        **{field: (Any, None) for field in neutral})
 
 
 class TextPart(_Strict):
@@ -91,24 +109,13 @@ class NamedToolChoice(_Strict):
     function: FunctionName
 
 
-_MESSAGE_NEUTRAL: dict[str, tuple] = {"audio": (), "function_call": (), "refusal": ()}
-
-
-class ChatMessage(_Strict):
+class ChatMessage(unoffered("_MessageUnoffered", {"audio": (), "function_call": (), "refusal": ()})):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant
     tool_call_id: str | None = None           # tool
     reasoning_content: str | None = None      # assistant, as SGLang and vLLM return it
-    audio: Any = None
-    function_call: Any = None
-    refusal: Any = None
-
-    @field_validator("audio", "function_call", "refusal")
-    @classmethod
-    def _neutral(cls, v, info):
-        return refuse_unless_neutral(_MESSAGE_NEUTRAL, info.field_name, v)
 
     @model_validator(mode="after")
     def _content_needed(self):
@@ -128,7 +135,7 @@ class ChatMessage(_Strict):
         return "".join(p.text for p in self.content)
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(unoffered("_SamplingUnoffered", {"best_of": (1,)})):
     """Fields shared by chat and text completions."""
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -158,21 +165,13 @@ class _SamplingFields(_Strict):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
-    # Known OpenAI fields we do not implement: accepted only at their neutral values.
-    best_of: int | None = None
+    user: str | None = None  # an end-user id: no effect on the output
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, v):
         if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, v):
-        if v not in (None, 1):
-            raise ValueError("best_of > 1 is not supported")
         return v
 
     @field_validator("logit_bias")
@@ -242,13 +241,13 @@ class _SamplingFields(_Strict):
 
 
 # OpenAI chat fields we do not offer, and the values that mean "not used" (null always does).
-_CHAT_NEUTRAL: dict[str, tuple] = {
+_CHAT_UNOFFERED = unoffered("_ChatUnoffered", {
     "audio": (), "modalities": (["text"],), "prediction": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
-    "functions": (), "function_call": ()}
+    "functions": (), "function_call": ()})
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, _CHAT_UNOFFERED):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
     logprobs: bool = False
@@ -269,42 +268,20 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM/SGLang: e.g. {"thinking": false}
-    # Identifiers with no effect on the output by definition: accepted.
-    user: str | None = None
+    # Identifiers with no effect on the output by definition, like `user`: accepted.
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    store: Any = None
-    metadata: Any = None
-    service_tier: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    web_search_options: Any = None
-    functions: Any = None
-    function_call: Any = None
-
-    @field_validator(*_CHAT_NEUTRAL)
-    @classmethod
-    def _neutral(cls, v, info):
-        if info.field_name in ("functions", "function_call") and v is not None:
-            raise ValueError(f"{info.field_name} is deprecated by OpenAI and not supported: use tools and "
-                             "tool_choice")
-        return refuse_unless_neutral(_CHAT_NEUTRAL, info.field_name, v)
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_SamplingFields, unoffered("_CompletionUnoffered", {"suffix": ("",)})):
     """`prompt`: a string, a list of token ids, or a one-element list of either."""
     prompt: str | list[int]
     echo: bool = False
-    suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     @property
     def logprobs_k(self) -> int | None:
         return self.logprobs
-    user: str | None = None  # an end-user id: no effect on the output
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -320,13 +297,6 @@ class CompletionRequest(_SamplingFields):
         if self.echo and self.logprobs is not None:
             raise ValueError("echo with logprobs is not supported (prompt logprobs): drop one of echo, logprobs")
         return self
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
 
 
 # -- responses ------------------------------------------------------------------------------

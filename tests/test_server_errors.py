@@ -68,6 +68,10 @@ BAD = [
     ("temperature-negative", "POST", CHAT, chat_body(temperature=-0.5), 400, "invalid_value", "temperature"),
     ("top-p-zero", "POST", COMP, comp_body(top_p=0), 400, "invalid_value", "top_p"),
     ("top-p-above-one", "POST", COMP, comp_body(top_p=1.5), 400, "invalid_value", "top_p"),
+    ("best-of-2", "POST", COMP, comp_body(best_of=2), 400, "invalid_value", "best_of"),
+    ("best-of-true", "POST", CHAT, chat_body(best_of=True), 400, "invalid_value", "best_of"),  # not 1: JSON types
+    ("store-zero", "POST", CHAT, chat_body(store=0), 400, "invalid_value", "store"),
+    ("suffix", "POST", COMP, comp_body(suffix="x"), 400, "invalid_value", "suffix"),
     ("top-k-below-minus-one", "POST", COMP, comp_body(top_k=-5), 400, "invalid_value", "top_k"),
     ("seed-out-of-range", "POST", COMP, comp_body(seed=2**70), 400, "invalid_value", "seed"),
     # logprobs, n, penalties, logit_bias, structured outputs (issue 17)
@@ -160,6 +164,8 @@ def test_unknown_fields_are_ignored(spec):
     r = httpx.post(spec.url + CHAT, content=chat_body(user="u1", frobnicate={"a": 1}, parallel_tool_calls=False),
                    timeout=30)
     assert r.status_code == 200, r.text
+    r = httpx.post(spec.url + COMP, content=comp_body(user="u1", best_of=1, suffix="", frobnicate=1), timeout=30)
+    assert r.status_code == 200, r.text  # unoffered fields at their neutral values
 
 
 def test_still_serves_after_bad_requests(spec):

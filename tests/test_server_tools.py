@@ -265,7 +265,7 @@ def test_bad_tool_and_unsupported_fields_get_openai_400s(no_parser, name, fields
 
 @pytest.mark.parametrize("fields", [
     {"store": False, "metadata": {}, "service_tier": "auto", "modalities": ["text"], "user": "u-1",
-     "safety_identifier": "s", "prompt_cache_key": "k", "audio": None, "prediction": None},
+     "safety_identifier": "s", "prompt_cache_key": "k", "audio": None, "prediction": None, "best_of": 1},
     {"messages": MSG + [{"role": "assistant", "content": "x", "refusal": None, "audio": None, "function_call": None}]},
     {"tools": th.TOOLS, "tool_choice": "none"},
 ])
