@@ -1,8 +1,7 @@
 """Parsing a GGUF file's header: its metadata and where each tensor's bytes lie.
 
-gguf.GGUFReader builds a numpy view per array element, which takes 2 s on SmolLM2's 150k
-tokenizer entries; this parse takes a tenth of that, so launch checks that read the config stay
-fast. gguf supplies the format's constants; models/gguf.py reads the tensors through the result.
+gguf.GGUFReader builds a numpy view per array element, seconds for SmolLM2's 150k tokenizer
+entries; this parse does without them, so launch checks that read the config stay fast. gguf supplies the format's constants; models/gguf.py reads the tensors through the result.
 """
 from __future__ import annotations
 
