@@ -1,7 +1,8 @@
 """Parsing a GGUF file's header: its metadata and where each tensor's bytes lie.
 
 gguf.GGUFReader builds a numpy view per array element, seconds for SmolLM2's 150k tokenizer
-entries; this parse does without them, so launch checks that read the config stay fast. gguf supplies the format's constants; models/gguf.py reads the tensors through the result.
+entries; this parse does without them, so launch checks that read the config stay fast. gguf
+supplies the format's constants; models/gguf.py reads the tensors through the result.
 """
 from __future__ import annotations
 
