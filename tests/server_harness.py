@@ -86,6 +86,31 @@ class LiveServer:
         raise AssertionError(f"{self.url} not healthy after {timeout}s")
 
 
+def stream_in_background(url: str, output, max_tokens: int = 400, headers: dict | None = None,
+                         **body) -> tuple[list[str], threading.Thread]:
+    """A greedy streamed completion of `max_tokens` (past EOS) in a thread, for shutdown tests:
+    returns its SSE data lines, growing as they arrive, and the thread once the first line has
+    come (the request is in flight). A connection the server cuts ends the stream quietly;
+    `output()` (the server's log) explains a stream that never started."""
+    chunks, first = [], threading.Event()
+
+    def stream():
+        try:
+            with httpx.stream("POST", url + "/v1/completions", headers=headers, timeout=120, json={
+                    "prompt": "import os\n", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                    "stream": True, **body}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        chunks.append(line.removeprefix("data: "))
+                        first.set()
+        except httpx.HTTPError:
+            pass  # the cut connection
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    assert first.wait(60), output()[-3000:]
+    return chunks, t
+
+
 def start_server(engine, wait: bool = True, **app_kwargs) -> LiveServer:
     """uvicorn serving create_app(engine, **app_kwargs) in a daemon thread on a free port."""
     import uvicorn

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from benchmarks.server_proc import free_port, wait_healthy
+from tests.server_harness import stream_in_background
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_SH = ROOT / "launch" / "serve.sh"
@@ -95,19 +95,7 @@ def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_pat
         assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] > 0
 
         # A streaming request in flight when SIGTERM arrives still finishes (uvicorn drains).
-        chunks, first = [], threading.Event()
-
-        def stream():
-            with httpx.stream("POST", srv.url + "/v1/completions", timeout=120, json={
-                    "model": name, "prompt": "import os\n", "max_tokens": 400, "temperature": 0,
-                    "ignore_eos": True, "stream": True}) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        chunks.append(line[6:])
-                        first.set()
-        t = threading.Thread(target=stream)
-        t.start()
-        assert first.wait(60), srv.output()[-3000:]
+        chunks, t = stream_in_background(srv.url, srv.output, model=name)
         at_signal = len(chunks)
         rc = srv.stop()
         t.join(60)

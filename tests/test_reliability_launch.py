@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +29,7 @@ import psutil
 import pytest
 
 from benchmarks.server_proc import free_port, wait_healthy
+from tests.server_harness import stream_in_background
 from tests.test_launch_serve import SERVE_SH, ServerProc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,20 +220,7 @@ def test_sigterm_drains_refuses_new_connections_and_exits_0(live):
     proc = psutil.Process(live.proc.pid)
     assert b"launch.cli" in Path(f"/proc/{proc.pid}/cmdline").read_bytes()  # serve.sh exec'd Python
     children = proc.children(recursive=True)
-    events, first = [], threading.Event()
-
-    def stream():
-        with httpx.stream("POST", live.url + "/v1/completions", headers=AUTH, timeout=120, json={
-                "prompt": "import os\n", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
-                "stream": True}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    first.set()
-
-    t = threading.Thread(target=stream)
-    t.start()
-    assert first.wait(60), live.output()[-3000:]
+    events, t = stream_in_background(live.url, live.output, headers=AUTH)
     live.proc.send_signal(signal.SIGTERM)  # our own child, by pid
     at_signal = len(events)
     # A request that arrives before the server has taken the signal is rightly served; the

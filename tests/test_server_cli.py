@@ -13,6 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.server_proc import wait_healthy
 from tests import server_harness as h
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,10 +35,7 @@ def test_python_m_server_with_draft_defaults_to_3_steps(tmp_path):
                              "--max-batch", "4"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while not _healthy(url):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-            time.sleep(0.2)
+        wait_healthy(url, proc, 120, (tmp_path / "server.log").read_text)
         assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
         r = httpx.post(url + "/v1/completions", timeout=60,
                        json={"model": "tiny", "prompt": h.COMPLETION_PROMPTS[0], "max_tokens": 8, "temperature": 0})
@@ -73,33 +71,19 @@ def test_engine_that_cannot_start_ends_the_process(tmp_path):
 def test_sigterm_drain_is_bounded_by_shutdown_timeout(tmp_path):
     """A stream that would run for seconds is cut once --shutdown-timeout has passed after
     SIGTERM: the process still exits 0, and promptly."""
-    import threading
     port = h.free_port()
     log = (tmp_path / "server.log").open("w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(ROOT / "shipped" / "target"),
                              "--port", str(port), "--shutdown-timeout", "1"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
-    url, chunks, first = f"http://127.0.0.1:{port}", [], threading.Event()
+    url = f"http://127.0.0.1:{port}"
 
-    def stream():
-        try:
-            with httpx.stream("POST", url + "/v1/completions", timeout=120, json={
-                    "prompt": "import os\n", "max_tokens": 900, "temperature": 0, "ignore_eos": True,
-                    "stream": True}) as r:
-                for line in r.iter_lines():
-                    chunks.append(line)
-                    first.set()
-        except httpx.HTTPError:
-            pass  # the cut connection
+    def output() -> str:
+        return (tmp_path / "server.log").read_text()
     try:
-        deadline = time.monotonic() + 120
-        while not _healthy(url):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-            time.sleep(0.2)
-        t = threading.Thread(target=stream)
-        t.start()
-        assert first.wait(60)
+        wait_healthy(url, proc, 120, output)
+        chunks, t = h.stream_in_background(url, output, max_tokens=900)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # our own child, by pid
         rc = proc.wait(60)
@@ -111,14 +95,7 @@ def test_sigterm_drain_is_bounded_by_shutdown_timeout(tmp_path):
         log.close()
     assert rc == 0, (tmp_path / "server.log").read_text()
     assert took < 10, f"exit took {took:.1f} s with a 1 s drain limit"
-    assert "data: [DONE]" not in chunks, "the 900-token stream finished: the limit was not exercised"
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    assert "[DONE]" not in chunks, "the 900-token stream finished: the limit was not exercised"
 
 
 def test_a_model_path_that_is_neither_a_folder_nor_a_gguf_stops_with_exit_2(tmp_path):
