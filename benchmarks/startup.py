@@ -1,0 +1,107 @@
+"""Start-up with compile: cold (empty inductor cache) and warm (the cache a first start left),
+and whether any request waits for a compile after the engine reports ready.
+
+Each start is a fresh process (dynamo's in-memory caches do not carry over; inductor's disk
+cache in TORCHINDUCTOR_CACHE_DIR does): it builds the native engine as the server does
+(engine.loading.build_engine: load, then BatchDecoder.warm_up compiles and captures every
+batch size up to --max-batch with the steps table in force), times it, then at once, with no
+warm-up, serves the prompts at each --concurrency (benchmarks/engine_load.py) and reports the
+longest gap between two deltas of one request: a compile or capture inside serving shows there.
+
+  python -m benchmarks.startup --model M --draft D --steps-by-batch 1=4,4=3,32=1 --max-batch 32 \\
+      --dtype bfloat16 --cache-dir /tmp/inductor --out benchmarks/results/startup/h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.report import md_table, provenance, write_json
+
+
+def child(args) -> dict:
+    """One start in this process: engine ready time, then max gaps per concurrency."""
+    t0 = time.perf_counter()
+    from benchmarks.batch_sweep import load_prompt_ids
+    from benchmarks.engine_load import run_load
+    from engine.decoder import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine
+    imported = time.perf_counter() - t0
+    table = tuple(tuple(int(x) for x in e.split("=")) for e in args.steps_by_batch.split(",")) \
+        if args.steps_by_batch else ()
+    spec = SpecConfig(max(s for _, s in table), steps_by_batch=table) if table else SpecConfig(args.steps)
+    eargs = NativeEngineArgs(model=args.model, draft=args.draft, spec=spec if args.draft else None,
+                             device=args.device, dtype=args.dtype, max_batch=args.max_batch,
+                             max_context=args.max_context, compile=True, compile_max_batch=args.max_batch)
+    engine = build_engine(eargs)
+    engine.start_blocking()
+    ready = time.perf_counter() - t0
+    prompts = load_prompt_ids(args.prompts, engine.tokenizer, max(args.concurrency) * 2)
+    loads = []
+    for c in args.concurrency:
+        r = run_load(engine, prompts[:2 * c], c, args.max_tokens)
+        loads.append({"concurrency": c, "max_gap_ms": r.max_gap_s * 1000, "throughput": r.throughput,
+                      "accept_length": r.accept_length})
+        print(f"c={c}: max gap {r.max_gap_s * 1000:.0f} ms, {r.throughput:.1f} tok/s", flush=True)
+    engine.stop_blocking()
+    return {"import_s": imported, "ready_s": ready, "loads": loads}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--steps", type=int, default=3, help="without --steps-by-batch")
+    ap.add_argument("--steps-by-batch", help="size=steps,... e.g. 1=4,4=3,32=1")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent / "shipped" / "smollm2" /
+                                             "heldout" / "chat.jsonl"))
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--cache-dir", required=True, help="TORCHINDUCTOR_CACHE_DIR (emptied for the cold start)")
+    ap.add_argument("--out", help="JSON to write (.md beside it)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.child:
+        print("RESULT " + json.dumps(child(args)), flush=True)
+        return {}
+    shutil.rmtree(args.cache_dir, ignore_errors=True)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": args.cache_dir}
+    starts = {}
+    for kind in ("cold", "warm"):
+        cmd = [sys.executable, "-m", "benchmarks.startup", "--child", *(argv if argv is not None else sys.argv[1:])]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if proc.returncode or line is None:
+            raise RuntimeError(f"{kind} start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-3000:]}")
+        starts[kind] = {**json.loads(line[7:]), "process_s": wall}
+        print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s", flush=True)
+    result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
+              "provenance": provenance(argv)}
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, result)
+        rows = [[kind, round(s["ready_s"], 1)] + [round(x["max_gap_ms"]) for x in s["loads"]]
+                for kind, s in starts.items()]
+        out.with_suffix(".md").write_text(
+            f"# Start-up with compile\n\n`{result['provenance']['command']}`\n\n"
+            + md_table(["start", "engine ready s"] + [f"max gap ms, c={c}" for c in args.concurrency], rows) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
