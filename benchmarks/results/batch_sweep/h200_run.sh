@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One H200 device call of session 8 (issue 19), by stage; the machine keeps ignored files under
-# runs/ while warm, so the SmolLM2 GGUF arrives in 4 pieces over consecutive calls and the
+# runs/ while warm, so the SmolLM2 GGUF arrives in 6 pieces over consecutive calls and the
 # inductor cache (runs/inductor) and a cut sweep (runs/sweep/*.partial.json) carry over.
 #   bash benchmarks/results/batch_sweep/h200_run.sh check     # carried: .whl runs/clean runs/gguf_parts/part.00
-#   bash ... piece                                             # carried: runs/gguf_parts/part.0N (N = 1, 2)
-#   bash ... sweep                                             # carried: runs/gguf_parts/part.03: assemble, sweep
+#   bash ... piece                                             # carried: runs/gguf_parts/part.0N (N = 1..4)
+#   bash ... sweep                                             # carried: runs/gguf_parts/part.05: assemble, sweep
 #   bash ... resume | startup | synthetic7
 set -uo pipefail
 [ -d runs/clean ] && cp -r runs/clean/. .
