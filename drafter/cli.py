@@ -4,6 +4,7 @@
     drafter data --prompts P.jsonl --out DATA (--endpoint URL --model NAME --tokenizer DIR | --target DIR)
     drafter vocab --data DATA --size 32000
     drafter train --target DIR --data DATA --out RUN [--max-steps N] [--resume]   (torchrun for multi-GPU)
+                  [--features native|transformers|vllm|KEPT] [--spool DIR] [--spool-budget-gb X] [--keep-features DIR]
     drafter export RUN OUT [--serving-engine sglang-llama|sglang-deepseek|vllm]
     drafter eval --target DIR --draft OUT [--draft OTHER] --prompts P.jsonl --steps 1,2,3
     drafter inspect CONFIG [--target-layers N] [--captured-by ENGINE]
@@ -79,11 +80,33 @@ def cmd_vocab(a) -> int:
     return 0
 
 
+def _vllm_args(a) -> dict:
+    """--vllm-args JSON, then each --vllm-arg KEY=VALUE over it (VALUE read as JSON when it parses)."""
+    try:
+        out = json.loads(a.vllm_args) if a.vllm_args else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--vllm-args: not a JSON object ({e})") from None
+    if not isinstance(out, dict):
+        raise ValueError("--vllm-args: not a JSON object")
+    for item in a.vllm_arg or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--vllm-arg {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def cmd_train(a) -> int:
     from drafter.train import TrainConfig, train
     c = TrainConfig(
         target=a.target, data=a.data, out=a.out, vocab=a.vocab,
-        aux_layers=_ints(a.aux_layers) if a.aux_layers else None,
+        aux_layers=_ints(a.aux_layers) if a.aux_layers else None, aux_convention=a.aux_convention,
+        features=a.features, spool=a.spool, spool_budget_gb=a.spool_budget_gb, keep_features=a.keep_features,
+        capture_dtype=a.capture_dtype, capture_batch=a.capture_batch, capture_gpus=a.capture_gpus,
+        vllm_python=a.vllm_python, vllm_args=_vllm_args(a), trust_remote_code=a.trust_remote_code,
         intermediate_size=a.intermediate_size, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
         head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
         warmup_steps=a.warmup_steps, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
@@ -92,7 +115,12 @@ def cmd_train(a) -> int:
         max_steps=a.max_steps, stop_at=a.stop_at, save_every=a.save_every, keep_checkpoints=a.keep,
         log_every=a.log_every,
         seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
-    out = train(c)
+    from drafter.spool import SpoolError
+    try:
+        out = train(c)
+    except SpoolError as e:
+        print(f"drafter train: error: {e}", file=sys.stderr)
+        return 1
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps({"run": str(out)}))
     return 0
@@ -202,12 +230,37 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--out", help="default: <data>/draft_vocab.safetensors")
     v.set_defaults(fn=cmd_vocab)
 
-    t = sub.add_parser("train", help="online TTT training with the target in the loop")
-    t.add_argument("--target", required=True)
+    t = sub.add_parser("train", help="online TTT training on the target's features (in the loop, or streamed)")
+    t.add_argument("--target", required=True,
+                   help="target folder (config.json + safetensors); any architecture with --features transformers/vllm")
     t.add_argument("--data", required=True)
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--vocab", help="default: <data>/draft_vocab.safetensors")
     t.add_argument("--aux-layers", help="target layer OUTPUTS to capture, e.g. 1,15,28 (default [1, L//2-1, L-4])")
+    t.add_argument("--aux-convention", default="training",
+                   choices=["training", "vllm", "sglang-llama", "sglang-deepseek"],
+                   help="what --aux-layers ids mean: training (layer outputs) or that engine's config ids, e.g. vllm "
+                        "2,16,29 = outputs 1,15,28")
+    t.add_argument("--features", default="native",
+                   help="where target features come from: native (our engine in the loop), transformers or vllm "
+                        "(a capture process streams them through the spool), or a directory of kept features")
+    t.add_argument("--spool", help="spool directory for streamed features (default <out>/spool)")
+    t.add_argument("--spool-budget-gb", type=float, default=10.0,
+                   help="disk the spool (or --keep-features) may use; the capture waits while it is full")
+    t.add_argument("--keep-features", metavar="DIR",
+                   help="capture every conversation's features into DIR once, then train from it "
+                        "(later runs: --features DIR)")
+    t.add_argument("--capture-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="capture engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
+    t.add_argument("--capture-batch", type=int, default=64, help="sequences per capture-engine call")
+    t.add_argument("--capture-gpus", help="CUDA_VISIBLE_DEVICES for the capture process")
+    t.add_argument("--vllm-python", help="Python with vLLM for --features vllm (default .venv-vllm/bin/python)")
+    t.add_argument("--vllm-arg", action="append", metavar="KEY=VALUE",
+                   help="vLLM engine argument for the capture, VALUE as JSON where it parses (repeat), e.g. "
+                        "tensor_parallel_size=8 or "
+                        "compilation_config='{\"custom_ops\": [\"all\", \"-rotary_embedding\"]}'")
+    t.add_argument("--vllm-args", help="vLLM engine arguments as one JSON object (--vllm-arg entries override)")
+    t.add_argument("--trust-remote-code", action="store_true", help="for the capture engine (transformers, vLLM)")
     t.add_argument("--intermediate-size", type=int)
     t.add_argument("--num-heads", type=int)
     t.add_argument("--num-kv-heads", type=int)

@@ -1,7 +1,8 @@
 """`drafter export`: a training checkpoint -> the SGLang/vLLM EAGLE-3 checkpoint directory.
 
 Writes through models.eagle3_checkpoint.save_drafter, which records the target layer
-OUTPUTS training captured and puts in `eagle_aux_hidden_state_layer_ids` the ids that make
+OUTPUTS training captured (and, from the run, the engine that captured them: native,
+transformers or vllm) and puts in `eagle_aux_hidden_state_layer_ids` the ids that make
 the chosen serving engine capture those same tensors (models.aux_layers.serving_ids_for).
 """
 from __future__ import annotations
@@ -36,11 +37,13 @@ def export(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
     missing, unexpected = d.load_state_dict(load_file(str(ckpt / WEIGHTS)), strict=False, assign=True)
     if set(missing) != {"embed_tokens.weight"} or unexpected:
         raise ValueError(f"{ckpt / WEIGHTS}: missing {missing}, unexpected {unexpected}")
-    target_layers = (train_cfg.get("extra") or {}).get("target_num_hidden_layers")
+    extra = train_cfg.get("extra") or {}
+    target_layers = extra.get("target_num_hidden_layers")
     if target_layers is None:
         target_layers = read_hf_config(train_cfg["target"]).get("num_hidden_layers")
     trained_step = int(ckpt.name.split("-")[1])
     save_drafter(d, out_dir, dtype=DTYPES[dtype], serving_engine=serving_engine,
                  extra={"target_num_hidden_layers": target_layers, "trained_steps": trained_step,
+                        "capture_engine": extra.get("capture_engine", "native"),
                         "ttt_length": train_cfg.get("ttt_length"), "target": str(train_cfg["target"])})
     return Path(out_dir)

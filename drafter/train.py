@@ -1,7 +1,11 @@
 """`drafter train`: online EAGLE-3 training with training-time test (drafter/ttt.py).
 
-The target runs in the loop: each batch goes through it once (no grad) for its aux hidden
-states and logits, so no hidden-state data set ever touches disk. The drafter's embedding
+Features (drafter/features.py): by default the target runs in the loop through the native engine,
+each batch once (no grad) for its aux hidden states and logits, so nothing touches disk. With
+`--features transformers|vllm` a capture process streams feature shards through a bounded spool
+and the trainer holds only the target's embedding, final norm and lm_head (the logits are
+recomputed from the captured last-layer output); `--keep-features DIR` / `--features DIR` keep
+and reuse them. The drafter's embedding
 is the target's (shared, frozen); its lm_head starts from the target's lm_head rows of the
 draft vocabulary, which gives step 0 a sensible output space from the first update.
 AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on GPU.
@@ -9,8 +13,9 @@ Multi-GPU: `torchrun --nproc_per_node N -m drafter train ...` (DDP, initialised 
 WORLD_SIZE > 1; each rank takes every N-th micro-batch).
 
 Run directory: train_config.json, drafter_config.json, log.jsonl, checkpoints/step-XXXXXXXX/
-({drafter.safetensors, state.pt}). `--resume` continues from the newest checkpoint with the
-same data order; `--stop-at N` ends a run early (a time-limited job) with a checkpoint.
+({drafter.safetensors, state.pt}), spool/ and capture.log with a capture process.
+`--resume` continues from the newest checkpoint with the same data order (the capture process
+starts at that micro-batch); `--stop-at N` ends a run early (a time-limited job) with a checkpoint.
 """
 from __future__ import annotations
 
@@ -29,11 +34,16 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from drafter import features as fs
+from drafter.batches import Batches
 from drafter.shards import TokenShards
+from drafter.target_head import TargetHead, TargetSpec, load_head_tensors
 from drafter.ttt import TTTModel, TTTStats, target_draft_probs
 from drafter.vocab import VOCAB_FILE, DraftVocab
+from models.aux_layers import default_aux_layer_ids, layer_outputs_for
 from models.eagle3 import Eagle3Config, Eagle3Drafter
-from models.llama import LlamaModel, load_target
+from models.hf_config import read_hf_config
+from models.llama import load_target
 
 CKPT_DIR = "checkpoints"
 WEIGHTS = "drafter.safetensors"
@@ -47,6 +57,17 @@ class TrainConfig:
     out: str
     vocab: str | None = None                 # default: <data>/draft_vocab.safetensors
     aux_layers: list[int] | None = None      # target layer OUTPUTS to capture; default [1, L//2-1, L-4]
+    aux_convention: str = "training"         # what aux_layers' ids mean: training (outputs) or an engine's ids
+    features: str = "native"                 # native | transformers | vllm | a kept-features directory
+    spool: str | None = None                 # default <out>/spool
+    spool_budget_gb: float = 10.0
+    keep_features: str | None = None         # capture every conversation into this directory, train from it
+    capture_dtype: str = "auto"              # auto: float32 on CPU, bfloat16 on GPU
+    capture_batch: int = 64                  # sequences per capture-engine call
+    capture_gpus: str | None = None          # CUDA_VISIBLE_DEVICES of the capture process
+    vllm_python: str | None = None           # default .venv-vllm/bin/python
+    vllm_args: dict = field(default_factory=dict)   # vLLM LLM(...) keyword arguments for the capture
+    trust_remote_code: bool = False
     intermediate_size: int | None = None     # drafter shape; defaults from the target
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
@@ -108,8 +129,8 @@ def pick_device(name: str, d: Dist) -> torch.device:
     return torch.device(name)
 
 
-def drafter_config(target: LlamaModel, vocab: DraftVocab, c: TrainConfig) -> Eagle3Config:
-    t = target.config
+def drafter_config(t, vocab: DraftVocab, aux: list[int], c: TrainConfig) -> Eagle3Config:
+    """`t`: the target's shape (models.llama.LlamaConfig or drafter.target_head.TargetSpec)."""
     return Eagle3Config(
         hidden_size=t.hidden_size,   # equals the target's: the embedding is shared
         intermediate_size=c.intermediate_size or t.intermediate_size,
@@ -117,56 +138,39 @@ def drafter_config(target: LlamaModel, vocab: DraftVocab, c: TrainConfig) -> Eag
         num_key_value_heads=c.num_key_value_heads or t.num_key_value_heads,
         head_dim=c.head_dim or t.head_dim,
         vocab_size=t.vocab_size, draft_vocab_size=vocab.size, target_hidden_size=t.hidden_size,
-        aux_layer_ids=list(target.aux_layer_ids), rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
+        aux_layer_ids=list(aux), rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
         rope_scaling=t.rope_scaling, max_position_embeddings=t.max_position_embeddings,
     )
 
 
-def build_drafter(target: LlamaModel, vocab: DraftVocab, cfg: Eagle3Config, init_lm_head: bool,
-                  device: torch.device) -> Eagle3Drafter:
+def build_drafter(embed: torch.nn.Parameter, lm_head: torch.Tensor, vocab: DraftVocab, cfg: Eagle3Config,
+                  init_lm_head: bool, device: torch.device) -> Eagle3Drafter:
     with torch.device(device):
         d = Eagle3Drafter(cfg)
-    d.embed_tokens.weight = target.embed_tokens.weight      # shared and frozen
+    d.embed_tokens.weight = embed      # the target's, shared and frozen
     d.embed_tokens.weight.requires_grad_(False)
     used = vocab.used.to(device)
     d.d2t.copy_(vocab.d2t.to(device))
     d.t2d.copy_(vocab.t2d(cfg.vocab_size).to(device))
     if init_lm_head:
         with torch.no_grad():
-            d.lm_head.weight.copy_(target.lm_head.weight[used].float())
+            d.lm_head.weight.copy_(lm_head[used].float())
     return d
+
+
+def aux_outputs(c: TrainConfig, num_layers: int) -> list[int]:
+    """The layer OUTPUTS to train on, ascending (SGLang and vLLM concatenate in that order)."""
+    if not c.aux_layers:
+        return default_aux_layer_ids(num_layers)
+    aux = layer_outputs_for(c.aux_convention, c.aux_layers, num_layers)
+    if len(aux) != 3:
+        raise ValueError(f"--aux-layers {c.aux_layers} ({c.aux_convention}) name layer outputs {aux}: EAGLE-3's fc "
+                         f"fuses exactly 3")
+    return aux
 
 
 def trainable_state(d: Eagle3Drafter) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in d.state_dict().items() if k != "embed_tokens.weight"}
-
-
-# -- data order ----------------------------------------------------------------------------
-class Batches:
-    """Deterministic micro-batches: epoch e shuffles with seed + e; micro-batch g of the whole
-    run is batch g % per_epoch of epoch g // per_epoch, so a resumed run sees the same data."""
-
-    def __init__(self, data: TokenShards, batch_size: int, max_length: int, seed: int, limit: int = 0):
-        self.data, self.bs, self.max_length, self.seed = data, batch_size, max_length, seed
-        self.n = min(len(data), limit) if limit else len(data)  # the first n conversations (data scaling)
-        self.per_epoch = self.n // batch_size
-        if self.per_epoch == 0:
-            raise ValueError(f"{self.n} conversations cannot fill one batch of {batch_size}")
-        self._perm_epoch, self._perm = -1, None
-
-    def get(self, g: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        epoch, j = divmod(g, self.per_epoch)
-        if epoch != self._perm_epoch:
-            gen = torch.Generator().manual_seed(self.seed + epoch)
-            self._perm, self._perm_epoch = torch.randperm(self.n, generator=gen), epoch
-        items = [self.data[int(i)] for i in self._perm[j * self.bs:(j + 1) * self.bs]]
-        items = [(ids[:self.max_length], m[:self.max_length]) for ids, m in items]
-        t = max(ids.numel() for ids, _ in items)
-        ids = torch.zeros(len(items), t, dtype=torch.long)
-        mask = torch.zeros(len(items), t, dtype=torch.bool)
-        for b, (x, m) in enumerate(items):
-            ids[b, :x.numel()], mask[b, :m.numel()] = x, m
-        return ids, mask, epoch
 
 
 def lr_at(step: int, total: int, warmup: int, base: float, min_ratio: float) -> float:
@@ -224,17 +228,32 @@ def train(c: TrainConfig) -> Path:
         raise FileExistsError(f"{out}: already has checkpoints; pass --resume or choose a new --out")
 
     vocab = DraftVocab.load(c.vocab or Path(c.data) / VOCAB_FILE)
+    engine, store_dir, capture_store = fs.parse_features(c.features, c.keep_features)
+    in_loop = engine == "native" and store_dir is None
+    num_layers = read_hf_config(c.target)["num_hidden_layers"]
     # Ascending aux layers: SGLang and vLLM concatenate in that order (models/aux_layers.py); a
-    # resumed run keeps the order it was trained with.
+    # resumed run keeps the layers it was trained with.
     recorded = out / "drafter_config.json"
-    aux = sorted(c.aux_layers) if c.aux_layers else None
+    aux = aux_outputs(c, num_layers)
     if ckpt is not None and recorded.exists():
         aux = json.loads(recorded.read_text())["aux_layer_ids"]
-    target = load_target(c.target, dtype=torch.bfloat16 if cuda else torch.float32, device=device,
-                         aux_layer_ids=aux)
-    target.requires_grad_(False)
-    cfg = drafter_config(target, vocab, c)
-    drafter = build_drafter(target, vocab, cfg, c.init_lm_head and ckpt is None, device)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    target = head = None
+    if in_loop:
+        target = load_target(c.target, dtype=dtype, device=device, aux_layer_ids=aux)
+        target.requires_grad_(False)
+        shape, embed, lm_head = target.config, target.embed_tokens.weight, target.lm_head.weight
+    else:   # no target here: its embedding, final norm and lm_head only
+        shape = TargetSpec.from_dir(c.target)
+        t = {k: v.to(device, dtype) for k, v in load_head_tensors(c.target).items()}
+        if t["embed"].shape != (shape.vocab_size, shape.hidden_size):
+            raise ValueError(f"{c.target}: embedding {tuple(t['embed'].shape)} does not match config.json's "
+                             f"vocab_size x hidden_size {(shape.vocab_size, shape.hidden_size)}")
+        embed = torch.nn.Parameter(t["embed"], requires_grad=False)
+        lm_head = embed.data if shape.tie_word_embeddings else t["lm_head"]
+        head = TargetHead(t["norm"], lm_head, shape.rms_norm_eps)
+    cfg = drafter_config(shape, vocab, aux, c)
+    drafter = build_drafter(embed, lm_head, vocab, cfg, c.init_lm_head and ckpt is None, device)
     model = TTTModel(drafter, c.ttt_length, c.step_weight)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=cuda)
@@ -255,68 +274,73 @@ def train(c: TrainConfig) -> Path:
     warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * total)
     used, t2d = vocab.used.to(device), drafter.t2d
 
-    c.extra["target_num_hidden_layers"] = target.config.num_hidden_layers   # for export's capture record
+    c.extra["capture_engine"] = engine   # export records it with the layer outputs
+    c.extra["target_num_hidden_layers"] = num_layers   # for export's capture record
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(c), indent=2) + "\n")
         (out / "drafter_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         if start == 0:
             save_checkpoint(out, 0, drafter, opt, c.keep_checkpoints + 1)   # the untrained drafter
+    source = fs.open_source(c, main=d.main, world=d.world, device=device, dtype=dtype, batches=batches,
+                            target=target, head=head, aux=aux, spec=shape, engine=engine, store_dir=store_dir,
+                            capture_store=capture_store, first=start * micro_per_step, end=total * micro_per_step,
+                            out=out)
     log = open(out / "log.jsonl", "a") if d.main else None
     bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not d.main)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     k = c.ttt_length
     acc_stats, n_batches, tokens, t0 = torch.zeros(4 * k + 1, device=device), 0, 0, time.time()
     model.train()
-    for step in range(start, total):
-        lr = lr_at(step, total, warmup, c.lr, c.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        for a in range(c.grad_accum):
-            ids, mask, epoch = batches.get((step * c.grad_accum + a) * d.world + d.rank)
-            tokens += int(mask.sum())
-            ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
-            with torch.no_grad(), autocast:
-                tout = target(ids, capture_aux=True)
-                p, in_vocab = target_draft_probs(tout.logits, used, t2d)
-                aux = tout.aux_hidden
-                del tout   # full-vocab logits: large for big vocabularies, not needed any more
-            sync = contextlib.nullcontext() if a == c.grad_accum - 1 or d.world == 1 else ddp.no_sync()
-            with sync:
-                with autocast:
-                    loss, stats = ddp(ids, mask, aux, p, in_vocab)
-                (loss / c.grad_accum).backward()
-            acc_stats += stats.as_tensor()
-            n_batches += 1
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        done = step + 1
-        bar.update(1)
-        if done % c.log_every == 0 or done == total:
-            s = _reduce(acc_stats.clone(), d)
-            nb = torch.tensor([n_batches, tokens], device=device, dtype=torch.float64)
-            nb = _reduce(nb, d)
-            summary = summarize(TTTStats.from_tensor(s, k), int(nb[0]))
-            rec = {"step": done, "epoch": epoch, "lr": lr, "loss": round(sum(
-                c.step_weight ** i * x for i, x in enumerate(summary["loss_per_step"])), 4),
-                "grad_norm": round(float(grad_norm), 4), **summary, "loss_tokens": int(nb[1]),
-                "elapsed_s": round(time.time() - t0, 2)}
-            if d.main:
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
-                bar.set_postfix(loss=rec["loss"], acc0=summary["acc"][0],
-                                accept=summary["sim_accept_length"][min(2, k - 1)])
-            acc_stats.zero_()
-            n_batches, tokens = 0, 0
-        stop = bool(c.stop_at) and done >= c.stop_at
-        if d.main and (done % c.save_every == 0 or done == total or stop):
-            save_checkpoint(out, done, drafter, opt, c.keep_checkpoints)
-        if stop:
-            break
-    bar.close()
-    if log:
-        log.close()
+    try:
+        for step in range(start, total):
+            lr = lr_at(step, total, warmup, c.lr, c.min_lr_ratio)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            for a in range(c.grad_accum):
+                with torch.no_grad(), autocast:
+                    ids, mask, aux, logits, epoch = source.get((step * c.grad_accum + a) * d.world + d.rank)
+                    p, in_vocab = target_draft_probs(logits, used, t2d)
+                    del logits   # full-vocab: large for big vocabularies, not needed any more
+                tokens += int(mask.sum())
+                sync = contextlib.nullcontext() if a == c.grad_accum - 1 or d.world == 1 else ddp.no_sync()
+                with sync:
+                    with autocast:
+                        loss, stats = ddp(ids, mask, aux, p, in_vocab)
+                    (loss / c.grad_accum).backward()
+                acc_stats += stats.as_tensor()
+                n_batches += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            done = step + 1
+            bar.update(1)
+            if done % c.log_every == 0 or done == total:
+                s = _reduce(acc_stats.clone(), d)
+                nb = torch.tensor([n_batches, tokens], device=device, dtype=torch.float64)
+                nb = _reduce(nb, d)
+                summary = summarize(TTTStats.from_tensor(s, k), int(nb[0]))
+                rec = {"step": done, "epoch": epoch, "lr": lr, "loss": round(sum(
+                    c.step_weight ** i * x for i, x in enumerate(summary["loss_per_step"])), 4),
+                    "grad_norm": round(float(grad_norm), 4), **summary, "loss_tokens": int(nb[1]),
+                    "elapsed_s": round(time.time() - t0, 2)}
+                if d.main:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                    bar.set_postfix(loss=rec["loss"], acc0=summary["acc"][0],
+                                    accept=summary["sim_accept_length"][min(2, k - 1)])
+                acc_stats.zero_()
+                n_batches, tokens = 0, 0
+            stop = bool(c.stop_at) and done >= c.stop_at
+            if d.main and (done % c.save_every == 0 or done == total or stop):
+                save_checkpoint(out, done, drafter, opt, c.keep_checkpoints)
+            if stop:
+                break
+    finally:
+        source.close()
+        bar.close()
+        if log:
+            log.close()
     if d.world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -91,3 +91,38 @@ def serving_ids_for(engine: str, trained_outputs: list[int]) -> list[int]:
     if engine == "vllm":
         return [i + 1 for i in trained_outputs]
     raise ValueError(f"unknown engine {engine!r}")
+
+
+def layer_outputs_for(convention: str, ids: list[int], num_layers: int) -> list[int]:
+    """The decoder-layer OUTPUTS that aux `ids` name in `convention`, ascending: "training"
+    (ours, transformers: ids are outputs), or an engine's ids as its config would hold them
+    ("vllm", "sglang-llama", "sglang-deepseek"). Refuses what no layer output is (the
+    embedding, ids past the last layer), naming both conventions."""
+    outputs = sorted(captured_layer_outputs(convention, list(ids), num_layers))
+    bad = [o for o in outputs if not 0 <= o < num_layers]
+    if bad:
+        raise ValueError(f"aux ids {list(ids)} ({convention} convention) name layer outputs {outputs}; "
+                         f"{bad} is not the output of one of the target's {num_layers} decoder layers "
+                         f"(training-convention ids run 0..{num_layers - 1}; -1 would be the embedding)")
+    return outputs
+
+
+def last_layer_output(num_layers: int) -> int:
+    """The last decoder layer's output (before the final norm): what the target's lm_head reads."""
+    return num_layers - 1
+
+
+def vllm_extract_ids(outputs: list[int], num_layers: int) -> list[int]:
+    """`eagle_aux_hidden_state_layer_ids` for vLLM's `extract_hidden_states` method that capture
+    the layer `outputs` and the last layer's output (vLLM id num_layers): each once, ascending,
+    the order of the `hidden_states` axis vLLM writes."""
+    wanted = sorted(set(outputs) | {last_layer_output(num_layers)})
+    return fed_in_order(serving_ids_for("vllm", wanted))
+
+
+def vllm_extract_rows(outputs: list[int], num_layers: int) -> tuple[list[int], int]:
+    """Rows of vLLM's `hidden_states` [T, len(vllm_extract_ids), H] axis holding each of
+    `outputs` (in their order) and the last layer's output."""
+    ids = vllm_extract_ids(outputs, num_layers)
+    row = {o: ids.index(serving_ids_for("vllm", [o])[0]) for o in {*outputs, last_layer_output(num_layers)}}
+    return [row[o] for o in outputs], row[last_layer_output(num_layers)]
