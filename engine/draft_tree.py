@@ -33,6 +33,18 @@ class DraftState:
     hidden: torch.Tensor  # [B, H]
 
 
+def chain_draft_step(drafter: Eagle3Drafter, tok: torch.Tensor, hidden: torch.Tensor, base_len: torch.Tensor,
+                     j: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's prediction after chain draft j (1-based) `tok` [B], fed with the hidden state
+    that predicted it at depth j - 1 past the root and seeing the chain's earlier drafts:
+    (logits [B, Vd], hidden [B, H]) for draft j + 1."""
+    b, dev = tok.shape[0], tok.device
+    inputs = block_inputs(base_len, torch.ones(b, 1, j, dtype=torch.bool, device=dev),
+                          torch.full((b, 1), j - 1, device=dev), span, query_offset=j - 1)
+    out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs)
+    return out.logits[:, 0], out.hidden[:, 0]
+
+
 def draft_chain(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, base_len: torch.Tensor,
                 steps: int, sampling: BatchSampling, span: int,
                 allowed: Callable[[list[torch.Tensor]], torch.Tensor | None] | None = None) -> DraftTree:
@@ -55,10 +67,7 @@ def draft_chain(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, b
         if want_q:
             qs.append(_to_target_vocab(drafter, q, vocab))
         if j < steps:
-            inputs = block_inputs(base_len, torch.ones(b, 1, j, dtype=torch.bool, device=dev),
-                                  torch.full((b, 1), j - 1, device=dev), span, query_offset=j - 1)
-            out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs)
-            logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+            logits, hidden = chain_draft_step(drafter, tok, hidden, base_len, j, span)
     n = steps + 1
     idx = torch.arange(n, device=dev)
     q = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.draft_tree import chain_draft_step
 from engine.masks import block_inputs, causal
 
 
@@ -37,10 +38,7 @@ def chain_greedy(dec, rows: int, span: int, steps: int):
         tok = drafter.draft_to_target(logits.argmax(-1))
         drafts.append(tok)
         if j < steps:
-            inputs = block_inputs(base, torch.ones(rows, 1, j, dtype=torch.bool, device=dev),
-                                  torch.full((rows, 1), j - 1, device=dev), span, query_offset=j - 1)
-            out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs)
-            logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+            logits, hidden = chain_draft_step(drafter, tok, hidden, base, j, span)
     n = steps + 1
     chain = torch.stack([dec.pending[:rows]] + drafts, dim=1)                        # [B, N]
     depth = torch.arange(n, device=dev).expand(rows, n)
