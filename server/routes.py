@@ -31,6 +31,16 @@ def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 
 
+async def _admit(request: Request, model):
+    """(ctx, the request body as `model`) once the body is valid, names our model and the engine
+    is ready: every refusal here is an OpenAI error before any prompt work."""
+    ctx = _ctx(request)
+    req = await read_request(request, model, ctx.max_body_bytes)
+    ctx.check_model(req.model)
+    ctx.check_ready()
+    return ctx, req
+
+
 def json_body(model) -> dict:
     """`openapi_extra` that documents a JSON body the handler reads by hand (server/body.py), so
     /openapi.json says what to send (clients, schemathesis). $defs are inlined: the schema must
@@ -50,10 +60,7 @@ def json_body(model) -> dict:
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request):
-    ctx = _ctx(request)
-    req = await read_request(request, ChatCompletionRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
-    ctx.check_ready()
+    ctx, req = await _admit(request, ChatCompletionRequest)
     plan = await run_in_threadpool(plan_tools, req, ctx.tool_call_parser, ctx.reasoning_parser)
     ids = await run_in_threadpool(chat_prompt_ids, ctx.engine.tokenizer, req, plan.template_tools)
     parser = None
@@ -66,10 +73,7 @@ async def chat_completions(request: Request):
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
-    ctx = _ctx(request)
-    req = await read_request(request, CompletionRequest, ctx.max_body_bytes)
-    ctx.check_model(req.model)
-    ctx.check_ready()
+    ctx, req = await _admit(request, CompletionRequest)
     ids = await run_in_threadpool(completion_prompt_ids, ctx.engine.tokenizer, req)
     echo = "" if not req.echo else req.prompt if isinstance(req.prompt, str) else ctx.engine.tokenizer.decode(ids)
     return await _generate(request, ctx, req, ids,
