@@ -34,6 +34,10 @@ class Batches:
         ids, m = self.data[i]
         return ids[:self.max_length], m[:self.max_length]
 
+    def length(self, i: int) -> int:
+        """Tokens of conversation i as cut (what a capture engine computes features for)."""
+        return min(self.max_length, self.data[i][0].numel())
+
     def get(self, g: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Micro-batch g right-padded: ids, mask [B, T], and its epoch."""
         idx, epoch = self.indices(g)

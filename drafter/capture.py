@@ -51,6 +51,7 @@ class CaptureJob:
     limit: int = 0
     first: int = 0                       # spool: micro-batches [first, end)
     end: int = 0
+    skip: list[int] = field(default_factory=list)   # spool: micro-batches already there (Spool.prepare)
     shard_size: int = 256                # store: conversations per shard
     dtype: str = "float32"
     device: str = "cpu"
@@ -84,8 +85,8 @@ class NativeCapture:
     def __init__(self, job: CaptureJob, spec: TargetSpec):
         from models.llama import load_target
         self.n = len(job.aux_layer_outputs)
-        self.model = load_target(job.target, dtype=DTYPES[job.dtype], device=job.device,
-                                 aux_layer_ids=[*job.aux_layer_outputs, last_layer_output(spec.num_hidden_layers)])
+        self.ids = [*job.aux_layer_outputs, last_layer_output(spec.num_hidden_layers)]   # outputs, as we capture
+        self.model = load_target(job.target, dtype=DTYPES[job.dtype], device=job.device, aux_layer_ids=self.ids)
 
     def temp_bytes(self, tokens: int) -> int:
         return 0
@@ -125,6 +126,7 @@ class TransformersCapture:
         self.decoder = lm.get_decoder().to(job.device).eval()
         self.device = job.device
         self.outputs, self.last = list(job.aux_layer_outputs), last_layer_output(spec.num_hidden_layers)
+        self.ids = [*self.outputs, self.last]   # layer outputs: hidden_states[k + 1], the last from its hook
         self._last: list[torch.Tensor] = []
         layer = _decoder_layers(self.decoder)[self.last]
         layer.register_forward_hook(lambda mod, args, out: self._last.append(out[0] if isinstance(out, tuple) else out))
@@ -173,23 +175,23 @@ def _features(engine, batches: Batches, idx: list[int]) -> list[SeqFeatures]:
 
 
 def _tokens(batches: Batches, idx: list[int], engine) -> int:
-    cut = min(batches.max_length, engine.max_tokens or batches.max_length)
-    return sum(min(cut, batches.data.offsets[s][k + 1].item() - batches.data.offsets[s][k].item())
-               for s, k in (batches.data.index[i] for i in idx))
+    cut = engine.max_tokens or batches.max_length
+    return sum(min(cut, batches.length(i)) for i in idx)
 
 
 def run_spool(job: CaptureJob, engine, spec: TargetSpec, batches: Batches) -> None:
     """Micro-batches first..end-1 in order, each chunk captured once room is free."""
     spool = Spool(job.out, job.budget_bytes)
+    spool.status["engine_aux_ids"] = engine.ids   # the ids as the engine was configured
     meta = {**job.identity(), **job.order()}
     alive = _parent_alive(job)
     dtype, n = DTYPES[job.dtype], len(job.aux_layer_outputs)
-    g = job.first
+    g, skip = job.first, set(job.skip)
     bar = tqdm(total=job.end - job.first, desc="capture", unit="mb", file=sys.stderr)
     while g < job.end:
         units, need, nseq = [], 0, 0
         while g < job.end:
-            if spool.path(g).exists():   # left by a previous writer for this run (spool.prepare kept it)
+            if g in skip:   # left by a previous writer for this run (Spool.prepare kept it)
                 g += 1
                 bar.update(1)
                 continue
@@ -228,8 +230,8 @@ def run_store(job: CaptureJob, engine, spec: TargetSpec, batches: Batches) -> No
     ident = job.identity()
     same = {k: old.get(k) for k in ident} == ident and old.get("shard_size") == size
     shards = {s["file"]: s for s in old.get("shards", [])} if same else {}
-    index = {**ident, "num_layers": spec.num_hidden_layers, "hidden_size": spec.hidden_size, "samples": n,
-             "shard_size": size, "complete": False, "shards": []}
+    index = {**ident, "engine_aux_ids": engine.ids, "num_layers": spec.num_hidden_layers,
+             "hidden_size": spec.hidden_size, "samples": n, "shard_size": size, "complete": False, "shards": []}
     bar = tqdm(total=n, desc="capture", unit="conv", file=sys.stderr)
     for k in range(math.ceil(n / size)):
         idx = list(range(k * size, min(n, (k + 1) * size)))
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:   # noqa: BLE001 - the consumer must hear of any failure
         if job.mode == "spool" and not isinstance(e, SystemExit):
             Path(job.out).mkdir(parents=True, exist_ok=True)
-            Spool(job.out, job.budget_bytes).fail(traceback.format_exc())
+            Spool(job.out, job.budget_bytes).fail(str(e) if isinstance(e, SpoolError) else traceback.format_exc())
         if isinstance(e, SpoolError):
             print(f"error: {e}", file=sys.stderr)
             return 1

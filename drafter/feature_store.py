@@ -53,9 +53,9 @@ class FeatureStore:
         self.index = index
         self.have = list(index["aux_layer_outputs"])
         self.want = list(want_outputs)
-        select_aux_check = [w for w in self.want if w not in self.have]
-        if select_aux_check:
-            raise ValueError(f"{self.root}: holds the outputs of layers {self.have}, not {select_aux_check} "
+        missing = [w for w in self.want if w not in self.have]
+        if missing:
+            raise ValueError(f"{self.root}: holds the outputs of layers {self.have}, not {missing} "
                              f"(--aux-layers asks for {self.want})")
         self.size = index["shard_size"]
         self.handles: dict[int, object] = {}

@@ -131,7 +131,7 @@ class _HeadSource:
     def __init__(self, head: TargetHead, batches: Batches, device: torch.device, dtype: torch.dtype):
         self.head, self.batches, self.device, self.dtype = head, batches, device, dtype
 
-    def _batch(self, seqs, g: int, epoch: int):
+    def _batch(self, seqs, epoch: int):
         ids, mask, aux, last = collate(seqs, self.dtype)
         ids, mask = ids.to(self.device), mask.to(self.device)
         return ids, mask, aux.to(self.device), self.head(last.to(self.device)), epoch
@@ -140,9 +140,9 @@ class _HeadSource:
 class SpoolSource(_HeadSource):
     """Micro-batches from the spool a capture process fills (rank 0 starts and stops it)."""
 
-    def __init__(self, spool: Spool, proc: subprocess.Popen | None, log: Path | None, want: list[int], **kw):
+    def __init__(self, spool: Spool, proc: subprocess.Popen | None, log: Path | None, **kw):
         super().__init__(**kw)
-        self.spool, self.proc, self.log, self.want = spool, proc, log, want
+        self.spool, self.proc, self.log = spool, proc, log
 
     def _alive(self) -> str | None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -156,7 +156,7 @@ class SpoolSource(_HeadSource):
         if got != idx:
             raise SpoolError(f"{self.spool.path(g)}: holds conversations {got}, micro-batch {g} is {idx} "
                              f"(a writer with another data order)")
-        return self._batch(seqs, g, epoch)
+        return self._batch(seqs, epoch)
 
     def close(self):
         if self.proc is not None:
@@ -176,7 +176,7 @@ class StoreSource(_HeadSource):
         for s in seqs:   # a store captured with a longer cut serves a shorter one
             cut = self.batches.max_length
             s.input_ids, s.loss_mask, s.aux, s.last = s.input_ids[:cut], s.loss_mask[:cut], s.aux[:cut], s.last[:cut]
-        return self._batch(seqs, g, epoch)
+        return self._batch(seqs, epoch)
 
     def close(self):
         pass
@@ -215,6 +215,11 @@ def open_source(c, *, main: bool, world: int, device: torch.device, dtype: torch
                      trust_remote_code=c.trust_remote_code, engine_args=dict(c.vllm_args), parent_pid=os.getpid())
     kw = {"head": head, "batches": batches, "device": device, "dtype": dtype}
     if store_dir is not None:
+        have = read_index(store_dir) or {}
+        ident = job.identity()
+        if capture_store and have.get("complete") and have.get("samples", 0) >= batches.n and \
+                {k: have.get(k) for k in ident} == ident:
+            capture_store = False   # captured before with the same engine, target, layers and cut
         if capture_store and main:
             job = replace(job, mode="store", out=str(store_dir))
             python = capture_python(engine, c.vllm_python)
@@ -234,10 +239,12 @@ def open_source(c, *, main: bool, world: int, device: torch.device, dtype: torch
     job = replace(job, out=str(spool.root))
     proc = log = None
     if main:
-        spool.prepare(first, {**job.identity(), **job.order()})
+        job = replace(job, skip=spool.prepare(first, {**job.identity(), **job.order()}))
         log = out / "capture.log"
         python = capture_python(engine, c.vllm_python)
         proc = start_capture(job, out / "capture_job.json", python, capture_env(engine, python, c.capture_gpus), log)
+        print(f"drafter train: {engine} captures features into {spool.root} (budget {c.spool_budget_gb:g} GB; "
+              f"its log: {log})", file=sys.stderr)
     if world > 1:
         torch.distributed.barrier()   # no rank reads before rank 0 has cleared what is stale
-    return SpoolSource(spool, proc, log, aux, **kw)
+    return SpoolSource(spool, proc, log, **kw)

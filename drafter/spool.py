@@ -57,10 +57,12 @@ class Spool:
         return sorted(int(p.name[3:12]) for p in self.root.glob("mb-*.safetensors"))
 
     # -- writer side -------------------------------------------------------------------------
-    def prepare(self, first: int, meta: dict) -> None:
+    def prepare(self, first: int, meta: dict) -> list[int]:
         """Keep the shards a previous writer left for micro-batches >= first with the same
-        features (a resumed run reuses them); remove everything else."""
+        features (a resumed run reuses them); remove everything else. Returns the kept ones,
+        which the new writer must not write again (training may consume them before it starts)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        kept = []
         for p in self.root.iterdir():
             if p.name.startswith("mb-") and p.name.endswith(".safetensors"):
                 g = int(p.name[3:12])
@@ -69,8 +71,10 @@ class Spool:
                 except Exception:  # noqa: BLE001 - unreadable: rewrite it
                     same = False
                 if g >= first and same:
+                    kept.append(g)
                     continue
             shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return sorted(kept)
 
     def wait_room(self, nbytes: int, alive: Callable[[], bool] = lambda: True, poll_s: float = 0.02) -> None:
         """Block until `nbytes` more fit under the budget."""
