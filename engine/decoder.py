@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.api import TokenLogprob
+from engine.config import SpecConfig
 from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
 from engine.greedy_cycle import chain_greedy, plain_greedy
@@ -30,51 +31,6 @@ from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
 from models.llama import LlamaModel
-
-
-@dataclass
-class SpecConfig:
-    steps: int
-    topk: int = 1
-    num_draft_tokens: int = 0  # 0: steps + 1 (chain)
-    # Chains only: ((largest batch size, steps), ...) ascending; a step of B rows drafts the steps
-    # of the first entry with B <= its size (the last entry beyond). 0 drafts nothing: the target
-    # verifies just the pending token and the drafter extends over it, so drafting can resume.
-    # Speculation pays less as the batch grows (more rows share each forward's weight reads).
-    steps_by_batch: tuple[tuple[int, int], ...] = ()
-
-    def __post_init__(self):
-        if self.steps < 1 or self.topk < 1:
-            raise ValueError(f"speculative steps ({self.steps}) and topk ({self.topk}) must be >= 1")
-        if self.topk == 1:
-            if self.num_draft_tokens not in (0, self.steps + 1):
-                raise ValueError(f"topk=1 needs num_draft_tokens = steps + 1 = {self.steps + 1}, "
-                                 f"got {self.num_draft_tokens}")
-            self.num_draft_tokens = self.steps + 1
-        elif self.num_draft_tokens < 2:
-            raise ValueError("tree drafting (topk > 1) needs num_draft_tokens >= 2")
-        self.steps_by_batch = tuple((int(b), int(s)) for b, s in self.steps_by_batch)
-        if self.steps_by_batch:
-            sizes = [b for b, _ in self.steps_by_batch]
-            if self.topk != 1:
-                raise ValueError("steps per batch size are for chains (topk 1)")
-            if sizes != sorted(set(sizes)) or sizes[0] < 1:
-                raise ValueError(f"steps_by_batch: batch sizes must be ascending and >= 1, got {sizes}")
-            if not all(0 <= s <= self.steps for _, s in self.steps_by_batch):
-                raise ValueError(f"steps_by_batch: steps must lie in 0..{self.steps} (the speculative steps), "
-                                 f"got {[s for _, s in self.steps_by_batch]}")
-
-    def steps_for(self, rows: int) -> int:
-        """Draft steps of an engine step over `rows` rows."""
-        for size, steps in self.steps_by_batch:
-            if rows <= size:
-                return steps
-        return self.steps_by_batch[-1][1] if self.steps_by_batch else self.steps
-
-    @property
-    def headroom(self) -> int:
-        """Cache positions a step may write beyond the committed length."""
-        return max(self.num_draft_tokens, self.steps * self.topk) + 2
 
 
 @dataclass
@@ -389,7 +345,7 @@ class BatchDecoder:
             tree = draft_chain(self.drafter, state, root, base, spec.steps_for(rows), sampling, span,
                                self._draft_masks(sampling))
         else:
-            tree = draft_tree(self.drafter, state, root, base, spec.steps, spec.topk, spec.num_draft_tokens, span)
+            tree = draft_tree(self.drafter, state, root, base, spec.steps, spec.topk, spec.draft_tokens, span)
         out = self.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True)
         logits = self._process(out.logits, sampling, _node_paths(tree) if sampling.processors else None)
         results = accept(tree, probs_from_logits(logits, sampling), sampling)

@@ -3,7 +3,7 @@
 Node 0 of every tree is the root: the last token the target produced, not yet verified
 into its cache. Chain drafts are sampled from the drafter's distribution q (kept for
 rejection sampling); tree candidates are chosen deterministically by cumulative
-log-probability (SGLang's meaning of topk and num_draft_tokens) and carry no q.
+log-probability (SGLang's meaning of topk and speculative_num_draft_tokens) and carry no q.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _pick(q: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
 
 
 def draft_tree(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, base_len: torch.Tensor,
-               steps: int, topk: int, num_draft_tokens: int, span: int) -> DraftTree:
+               steps: int, topk: int, draft_tokens: int, span: int) -> DraftTree:
     """SGLang's EAGLE tree: expand the top-k frontier each step, keep the best N-1 nodes overall."""
     b, dev, k = root.shape[0], root.device, topk
     logp = state.logits.float().log_softmax(-1)
@@ -129,14 +129,14 @@ def draft_tree(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, ba
         frontier_anc = torch.cat([prev, torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)], dim=-1)
         n_cand += k * k
     return _select_tree(root, torch.cat(cand_tok, 1), torch.cat(cand_score, 1), torch.cat(cand_parent, 1),
-                        num_draft_tokens)
+                        draft_tokens)
 
 
-def _select_tree(root, cand_tok, cand_score, cand_parent, num_draft_tokens: int) -> DraftTree:
+def _select_tree(root, cand_tok, cand_score, cand_parent, draft_tokens: int) -> DraftTree:
     """Keep the N-1 best candidates (parents always outscore children), in candidate order."""
     b, dev = root.shape[0], root.device
     m = cand_tok.shape[1]
-    n = min(num_draft_tokens, m + 1)
+    n = min(draft_tokens, m + 1)
     # Depth penalty breaks ties toward parents so a kept node's ancestors are kept too.
     order_bias = torch.arange(m, device=dev) * 1e-6
     chosen = (cand_score - order_bias).topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1]

@@ -4,13 +4,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
 
 import torch
+from pydantic import StrictStr
+from pydantic.dataclasses import dataclass
 
 from engine.api import EngineInfo
-from engine.decoder import BatchDecoder, SpecConfig
+from engine.config import CONFIG, NativeConfig, SpecConfig
+from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
@@ -21,24 +24,14 @@ from models.tokenizer import load_tokenizer
 log = logging.getLogger("specserve.engine")
 
 
-@dataclass
-class NativeEngineArgs:
-    model: str
-    draft: str | None = None
+@dataclass(config=CONFIG, kw_only=True)
+class NativeEngineArgs(NativeConfig):
+    """What builds a native engine: the model pair, the speculative setting and the engine's own
+    settings (engine/config.py, where each is declared once)."""
+    model: StrictStr
+    draft: StrictStr | None = None
     spec: SpecConfig | None = None
-    device: str = "auto"            # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"             # auto | float32 | bfloat16 | float16
-    gguf_q4: bool = False           # a GGUF's Q4_0/Q4_1 projections stay 4-bit (CPU: models/q4_linear.py)
-    max_batch: int = 16
-    max_context: int = 0            # 0: the model's max_position_embeddings
-    max_waiting: int = 256
-    prefill_tokens: int = 8192      # padded prompt tokens per prefill forward (several requests at once)
-    prefill_min_rows: int = 1       # > 1: admit only when this many rows are free (offline throughput)
-    served_model_name: str | None = None
-    cpu_threads: int = 0            # 0: one core less than the machine has (at most 8), see cpu_threads()
-    compile: bool = False           # torch.compile the decode steps (GPU: a minute or more per batch size)
-    compile_max_batch: int = 1      # with compile: batch sizes compiled before serving (larger: on first use)
-    grammar_timeout_s: float = 10.0  # a structured-output grammar not compiled by then: the request gets a 400
+    served_model_name: StrictStr | None = None
 
     @property
     def speculation(self) -> SpecConfig | None:
@@ -106,10 +99,10 @@ def engine_info(args: NativeEngineArgs) -> EngineInfo:
     spec = args.speculation
     return EngineInfo(engine="native", model=args.served_model_name or Path(args.model).name,
                       max_context=args.max_context, speculative=spec is not None, steps=spec.steps if spec else 0,
-                      topk=spec.topk if spec else 0, draft_tokens=spec.num_draft_tokens if spec else 0)
+                      topk=spec.topk if spec else 0, draft_tokens=spec.draft_tokens if spec else 0)
 
 
-@dataclass
+@plain_dataclass
 class LoadedModels:
     """Models and tokenizer loaded once and reused by engines of several settings (evals, sweeps)."""
     target: LlamaModel

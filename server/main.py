@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft:
         try:
             spec = SpecConfig(steps=args.steps or DEFAULT_STEPS_WITH_DRAFT, topk=args.topk,
-                              num_draft_tokens=args.draft_tokens)
+                              draft_tokens=args.draft_tokens)
         except ValueError as e:
             parser.error(str(e))
     elif args.steps is not None:

@@ -110,13 +110,13 @@ def test_cumulative_chunks_become_deltas_and_0523_stats():
 def test_older_meta_names_are_read():
     meta = {"completion_tokens": 7, "spec_verify_ct": 3, "spec_accept_token_num": 4, "spec_draft_token_num": 6,
             "spec_accept_histogram": [0, 2, 1]}
-    s = se.spec_stats_from_meta(meta, num_draft_tokens=3)
+    s = se.spec_stats_from_meta(meta, draft_tokens=3)
     assert (s.verify_steps, s.proposed_draft_tokens, s.accepted_draft_tokens) == (3, 6, 4)
     assert s.accepted_per_position == [3, 1]  # position 0 accepted in 3 steps, position 1 in 1
 
 
 def test_missing_counts_fall_back_to_design_formulas():
-    s = se.spec_stats_from_meta({"completion_tokens": 9, "spec_verify_ct": 4}, num_draft_tokens=4)
+    s = se.spec_stats_from_meta({"completion_tokens": 9, "spec_verify_ct": 4}, draft_tokens=4)
     assert (s.accepted_draft_tokens, s.proposed_draft_tokens) == (5, 12)  # completion - verify; verify * (N - 1)
     assert se.spec_stats_from_meta({"completion_tokens": 1}, 4).verify_steps == 0
 

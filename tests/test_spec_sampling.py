@@ -82,7 +82,7 @@ def observed(target, drafter, spec: SpecConfig) -> dict[tuple, int]:
     return counts
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(2), SpecConfig(2, topk=2, num_draft_tokens=4)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(2), SpecConfig(2, topk=2, draft_tokens=4)], ids=["chain", "tree"])
 def test_speculative_sampling_matches_target(pair, spec):
     target, drafter = pair
     exact = exact_distribution(target)

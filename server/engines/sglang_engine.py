@@ -114,7 +114,7 @@ def _first(meta: dict, *names):
     return None
 
 
-def spec_stats_from_meta(meta: dict, num_draft_tokens: int) -> SpecStats:
+def spec_stats_from_meta(meta: dict, draft_tokens: int) -> SpecStats:
     """SpecStats from a final meta_info; histogram[k] = verify steps that accepted k drafts."""
     verify = int(meta.get("spec_verify_ct") or 0)
     if verify <= 0:
@@ -125,7 +125,7 @@ def spec_stats_from_meta(meta: dict, num_draft_tokens: int) -> SpecStats:
     proposed = _first(meta, "spec_num_proposed_drafts", "spec_draft_token_num")
     if proposed is None:
         rate = meta.get("spec_accept_rate")
-        proposed = round(accepted / rate) if rate else verify * max(0, num_draft_tokens - 1)
+        proposed = round(accepted / rate) if rate else verify * max(0, draft_tokens - 1)
     hist = _first(meta, "spec_correct_drafts_histogram", "spec_accept_histogram") or []
     per_position = [sum(hist[k] for k in range(i + 1, len(hist))) for i in range(len(hist) - 1)]
     while per_position and per_position[-1] == 0:
