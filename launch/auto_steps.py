@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import parse_steps_table
 from launch.profiles import Profile
-from launch.steps_table import parse_table
 
 
 @dataclass
@@ -41,7 +41,7 @@ def auto_setting(profile: Profile) -> tuple[SweepChoice | None, str]:
         best = result["best"]
         table = result.get("steps_by_batch") or None
         if table is not None:
-            parse_table(table)
+            parse_steps_table(table)
         steps = int(best["steps"])
         if table is not None:
             steps = max(int(v) for v in table.values())

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from launch.auto_steps import auto_setting
 from launch.pair_check import CheckpointError, PairMismatch, check_checkpoint_files, check_pair_configs
 from launch.profiles import Launch, Overrides, ProfileError, available_profiles, resolve
-from launch.steps_table import parse_table
 from server.tools import ParserSetupError, check_parser_names
 
 NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
@@ -98,7 +97,7 @@ def describe(launch: Launch) -> str:
     spec = (f"EAGLE3 steps {s.steps}, topk {s.topk}, draft tokens {s.draft_tokens}" if p.spec_enabled
             else "off")
     if p.spec_enabled and s.steps_by_batch:
-        spec += ", per batch size " + ", ".join(f"<= {b}: {k}" for b, k in parse_table(s.steps_by_batch))
+        spec += ", per batch size " + ", ".join(f"<= {b}: {k}" for b, k in s.steps_by_batch)
     lines = [f"specserve: profile {p.name} ({p.source})"]
     if p.description:
         lines.append(f"  {p.description}")
@@ -209,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         notes = [why] if why else []
         overrides = Overrides(
             steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, no_spec=args.no_spec,
-            model=args.model, draft=args.draft, served_model_name=args.served_model_name,
-            host=args.host, port=args.port, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
-            reasoning_parser=args.reasoning_parser)
+            model=args.model, draft=args.draft, api_key=args.api_key,
+            settings={f"server.{k}": v for k in ("served_model_name", "host", "port", "tool_call_parser",
+                                                 "reasoning_parser") if (v := getattr(args, k)) is not None})
         if args.steps == "auto":
             overrides.steps = None
             choice, msg = auto_setting(resolve(name, overrides).profile)

@@ -12,7 +12,7 @@ import dataclasses
 import json
 
 from launch.profiles import Profile, ProfileError
-from launch.steps_table import parse_table, sglang_adaptive_file, vllm_schedule
+from launch.steps_table import sglang_adaptive_file, vllm_schedule
 
 
 def sglang_server_args(p: Profile) -> dict:
@@ -31,7 +31,7 @@ def sglang_server_args(p: Profile) -> dict:
                   speculative_num_draft_tokens=s.draft_tokens)
         if s.steps_by_batch:  # launch/steps_table.py: one pinned candidate per batch-size slot
             kw.update(speculative_adaptive=True,
-                      speculative_adaptive_config=sglang_adaptive_file(parse_table(s.steps_by_batch)))
+                      speculative_adaptive_config=sglang_adaptive_file(s.steps_by_batch))
     g = p.sglang
     optional = {"mem_fraction_static": g.mem_fraction_static,
                 "cuda_graph_max_bs_decode": g.cuda_graph_max_bs_decode,
@@ -81,7 +81,7 @@ def vllm_engine_args(p: Profile, draft_dir: str | None = None) -> dict:
         if v.draft_tensor_parallel_size is not None:
             spec["draft_tensor_parallel_size"] = v.draft_tensor_parallel_size
         if p.speculative.steps_by_batch:
-            spec["num_speculative_tokens_per_batch_size"] = vllm_schedule(parse_table(p.speculative.steps_by_batch))
+            spec["num_speculative_tokens_per_batch_size"] = vllm_schedule(p.speculative.steps_by_batch)
         kw.update(speculative_config=spec, per_request_spec_decode_metrics="summary")
     optional = {"max_model_len": v.max_model_len, "gpu_memory_utilization": v.gpu_memory_utilization,
                 "max_num_seqs": v.max_num_seqs}
@@ -102,22 +102,15 @@ def vllm_cli(kwargs: dict) -> list[str]:
 
 
 def native_engine_args(p: Profile):
-    """engine.loading.NativeEngineArgs for the native engine."""
-    from engine.decoder import SpecConfig
+    """engine.loading.NativeEngineArgs for the native engine: the profile's [native] table is its
+    NativeConfig, [speculative] its SpecConfig."""
+    from engine.config import NativeConfig
     from engine.loading import NativeEngineArgs
 
-    s = p.speculative
-    kw = dict(model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
-              spec=SpecConfig(s.steps, s.topk, s.draft_tokens, parse_table(s.steps_by_batch) if s.steps_by_batch
-                              else ()) if p.spec_enabled else None,
-              device=p.native.device, dtype=p.native.dtype, gguf_q4=p.native.gguf_q4, max_batch=p.native.max_batch,
-              max_context=p.native.max_context, max_waiting=p.native.max_waiting,
-              compile=p.native.compile, compile_max_batch=p.native.compile_max_batch,
-              served_model_name=p.server.served_model_name)
-    if p.parallel.tp > 1:
-        if "tp" not in {f.name for f in dataclasses.fields(NativeEngineArgs)}:
-            raise ProfileError(f"{p.source}: parallel.tp: the native engine does not implement tensor "
-                               f"parallelism yet (engine.loading.NativeEngineArgs has no tp); use tp = 1 "
-                               f"or an SGLang profile")
-        kw["tp"] = p.parallel.tp
-    return NativeEngineArgs(**kw)
+    if p.parallel.tp > 1:  # the profile stays valid: benchmarks.tp_decode reads its NCCL settings
+        raise ProfileError(f"{p.source}: parallel.tp: the native engine does not implement tensor parallelism "
+                           f"yet (benchmarks/tp_decode.py measures it); use tp = 1 or an SGLang or vLLM profile")
+    native = {f.name: getattr(p.native, f.name) for f in dataclasses.fields(NativeConfig)}
+    return NativeEngineArgs(**native, model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
+                            spec=p.speculative.engine_config() if p.spec_enabled else None,
+                            served_model_name=p.server.served_model_name)

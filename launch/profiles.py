@@ -1,21 +1,40 @@
 """Launch profiles — the ONE place that loads and resolves them.
 
-Resolution order: profile file (TOML) -> command-line overrides -> environment (`${VAR}` /
-`${VAR:-default}` in string values, SPECSERVE_API_KEY, variables already exported win over
-the profile's [env]) -> a validated `Profile` -> engine arguments (launch/engine_args.py).
-Every error names the file (or the flag / variable) and the field, so a bad profile stops the
-launch before any engine process starts.
+Resolution order: profile file (TOML; none: the engine's defaults) -> command-line overrides
+-> environment (`${VAR}` / `${VAR:-default}` in string values, SPECSERVE_API_KEY, variables
+already exported win over the profile's [env]) -> a `Profile` validated by pydantic -> engine
+arguments (launch/engine_args.py). The [speculative] and [native] tables are the engine's own
+configuration classes (engine/config.py). Every error names the file (or the flag / variable)
+and the dotted field, so a bad profile stops the launch before any engine process starts.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Annotated, Any, Mapping
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass as config_dataclass
+
+from engine.config import CONFIG, NativeConfig, SpecConfig, field_error, one_of
 from models.model_source import PREFIX as PYPI
 from models.model_source import resolve_model_path
 
@@ -27,116 +46,221 @@ except ModuleNotFoundError:  # Python 3.10
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 PROJECT_ROOT = PROFILE_DIR.parent.parent
 ENGINES = ("native", "sglang", "vllm")
-NATIVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 VLLM_DTYPES = SGLANG_DTYPES
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+NO_FILE = "command line"  # the source of a profile built from flags alone (`specserve --no-profile`)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}")
+# Set from the profile's own tables, so not accepted in [sglang.extra] / [vllm.extra].
+SGLANG_OWNED = {"model_path", "tokenizer_path", "served_model_name", "tp_size", "nnodes", "node_rank",
+                "dist_init_addr", "mem_fraction_static", "cuda_graph_max_bs_decode", "dtype", "context_length",
+                "max_running_requests", "trust_remote_code"}
+VLLM_OWNED = {"model", "tokenizer", "served_model_name", "tensor_parallel_size", "pipeline_parallel_size", "nnodes",
+              "node_rank", "master_addr", "master_port", "dtype", "max_model_len", "gpu_memory_utilization",
+              "max_num_seqs", "enforce_eager", "trust_remote_code", "speculative_config", "disable_log_stats",
+              "per_request_spec_decode_metrics"}
 
 
 class ProfileError(ValueError):
     """A profile (or an override of it) is invalid; the message names file and field."""
 
 
-# -- the schema: one dataclass per TOML table ------------------------------------------------
-@dataclass
-class ModelSection:
-    path: str = ""
-    draft: str | None = None
+def _fraction(v: float) -> float:
+    if not 0.0 < v <= 1.0:
+        raise ValueError(f"must be in (0, 1], got {v}")
+    return v
 
 
-@dataclass
-class ParallelSection:
-    tp: int = 1
-    pp: int = 1                 # pipeline stages (vLLM)
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None
+def _port(v: int) -> int:
+    if not 1 <= v <= 65535:
+        raise ValueError(f"must be in 1..65535, got {v}")
+    return v
 
 
-@dataclass
-class SpeculativeSection:
-    enabled: bool = True
-    steps: int = 3
-    topk: int = 1
-    draft_tokens: int = 0  # 0: steps + 1 (chain)
-    # Steps per batch size, { "largest batch size" = steps, ... } (0: no drafts at that load;
-    # launch/steps_table.py): what `benchmarks.step_sweep --concurrency` measured. Empty: `steps`.
-    steps_by_batch: dict = field(default_factory=dict)
-    sweep_file: str | None = None  # where that sweep writes its result; `--steps auto` reads it
+Fraction = Annotated[StrictFloat, AfterValidator(_fraction)]
 
 
-@dataclass
-class ServerSection:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    log_level: str = "info"
-    shutdown_timeout_s: float = 30.0   # SIGTERM: drain in-flight requests this long (0: no limit)
-    tool_call_parser: str | None = None  # SGLang's parser names; the server parses (server/tools.py)
-    reasoning_parser: str | None = None
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
-@dataclass
-class NativeSection:
-    device: str = "auto"        # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"
-    gguf_q4: bool = False       # a GGUF's 4-bit projections stay 4-bit (CPU)
-    max_batch: int = 16
-    max_context: int = 0        # 0: the model's max_position_embeddings
-    max_waiting: int = 256
-    compile: bool = False       # torch.compile the decode steps (fused kernels; a minute or more per batch size)
-    compile_max_batch: int = 1  # with compile: batch sizes compiled before serving (larger ones on first use)
+# -- the schema: one class per TOML table --------------------------------------------------------
+class ModelSection(_Table):
+    path: StrictStr = ""
+    draft: StrictStr | None = None
 
 
-@dataclass
-class SGLangSection:
-    mem_fraction_static: float | None = None
-    cuda_graph_max_bs_decode: int | None = None
-    dtype: str = "auto"
-    context_length: int | None = None
-    max_running_requests: int | None = None
-    trust_remote_code: bool = False
-    extra: dict = field(default_factory=dict)  # further sglang ServerArgs fields, passed as given
+class ParallelSection(_Table):
+    tp: StrictInt = Field(1, ge=1)
+    pp: StrictInt = Field(1, ge=1)              # pipeline stages (vLLM)
+    nnodes: StrictInt = Field(1, ge=1)
+    node_rank: StrictInt = 0
+    dist_init_addr: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _nodes(self):
+        if not 0 <= self.node_rank < self.nnodes:
+            raise field_error("node_rank", f"must be in [0, nnodes = {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1:
+            if not self.dist_init_addr:
+                raise field_error("dist_init_addr", "is required when nnodes > 1 (host:port of node 0)")
+            if self.tp * self.pp % self.nnodes:
+                raise field_error("tp", f"tp = {self.tp} does not split evenly over nnodes = {self.nnodes}")
+        return self
 
 
-@dataclass
-class VLLMSection:
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None   # on CPU: the fraction of RAM for the KV cache
-    max_num_seqs: int | None = None
-    draft_tensor_parallel_size: int | None = None  # 1 or parallel.tp (vLLM's default: tp)
-    enforce_eager: bool = False
-    trust_remote_code: bool = False
-    extra: dict = field(default_factory=dict)  # further vLLM AsyncEngineArgs fields, passed as given
+@config_dataclass(config=CONFIG)
+class SpeculativeSection(SpecConfig):
+    """The engine's SpecConfig, and whether to speculate at all and where a step sweep lives."""
+    enabled: StrictBool = True
+    # Where `benchmarks.step_sweep --concurrency` writes its result; `--steps auto` reads it.
+    sweep_file: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _drafts_somewhere(self):
+        if self.enabled and self.steps_by_batch and not any(k for _, k in self.steps_by_batch):
+            raise field_error("steps_by_batch", "drafts at no batch size: set speculative.enabled = false instead")
+        return self
+
+    def engine_config(self) -> SpecConfig:
+        return SpecConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SpecConfig)})
 
 
-@dataclass
-class Profile:
-    name: str
-    source: str
-    description: str = ""
-    engine: str = "native"
-    model: ModelSection = field(default_factory=ModelSection)
-    parallel: ParallelSection = field(default_factory=ParallelSection)
-    speculative: SpeculativeSection = field(default_factory=SpeculativeSection)
-    env: dict = field(default_factory=dict)
-    server: ServerSection = field(default_factory=ServerSection)
-    native: NativeSection = field(default_factory=NativeSection)
-    sglang: SGLangSection = field(default_factory=SGLangSection)
-    vllm: VLLMSection = field(default_factory=VLLMSection)
+class ServerSection(_Table):
+    host: StrictStr = Field("127.0.0.1", description="address to listen on")
+    port: Annotated[StrictInt, AfterValidator(_port)] = Field(8000, description="port to listen on")
+    served_model_name: StrictStr | None = Field(None, description="model id for clients (default: the model "
+                                                                  "directory's name)")
+    log_level: one_of(*LOG_LEVELS) = Field("info", description=" | ".join(LOG_LEVELS))
+    shutdown_timeout_s: StrictFloat = Field(30.0, ge=0, description="on SIGTERM, drain in-flight requests at most "
+                                                                    "this many seconds (0: no limit)")
+    request_timeout_s: StrictFloat | None = Field(None, ge=0, description="per-request limit in seconds (0: none; "
+                                                                          "unset: the server's default)")
+    max_body_bytes: StrictInt | None = Field(None, ge=1, description="larger request bodies get 413 (unset: the "
+                                                                     "server's default)")
+    tool_call_parser: StrictStr | None = Field(None, description="SGLang's tool-call format of the model (kimi_k2, "
+                                                                 "hermes, qwen25, ...): tools and tool_choice auto "
+                                                                 "need one")
+    reasoning_parser: StrictStr | None = Field(None, description="SGLang's reasoning format (kimi_k2, deepseek-r1, "
+                                                                 "qwen3, ...): thinking goes to reasoning_content")
+
+
+class SGLangSection(_Table):
+    mem_fraction_static: Fraction | None = None
+    cuda_graph_max_bs_decode: StrictInt | None = Field(None, ge=1)
+    dtype: one_of(*SGLANG_DTYPES) = "auto"
+    context_length: StrictInt | None = None
+    max_running_requests: StrictInt | None = None
+    trust_remote_code: StrictBool = False
+    extra: dict = Field(default_factory=dict)  # further sglang ServerArgs fields, passed as given
+
+    @field_validator("extra")
+    @classmethod
+    def _not_owned(cls, v: dict) -> dict:
+        clash = sorted(k for k in v if k in SGLANG_OWNED or k.startswith("speculative_"))
+        if clash:
+            raise ValueError(f"{', '.join(clash)} are set from the profile's own tables, not [sglang.extra]")
+        if v.get("incremental_streaming_output"):
+            raise ValueError("incremental_streaming_output is not supported (the engine adapter expects "
+                             "cumulative chunks)")
+        return v
+
+
+class VLLMSection(_Table):
+    dtype: one_of(*VLLM_DTYPES) = "auto"
+    max_model_len: StrictInt | None = Field(None, ge=1)
+    gpu_memory_utilization: Fraction | None = None   # on CPU: the fraction of RAM for the KV cache
+    max_num_seqs: StrictInt | None = Field(None, ge=1)
+    draft_tensor_parallel_size: StrictInt | None = None  # 1 or parallel.tp (vLLM's default: tp)
+    enforce_eager: StrictBool = False
+    trust_remote_code: StrictBool = False
+    extra: dict = Field(default_factory=dict)  # further vLLM AsyncEngineArgs fields, passed as given
+
+    @field_validator("extra")
+    @classmethod
+    def _not_owned(cls, v: dict) -> dict:
+        clash = sorted(k for k in v if k in VLLM_OWNED)
+        if clash:
+            raise ValueError(f"{', '.join(clash)} are set from the profile's own tables, not [vllm.extra]")
+        return v
+
+
+class Profile(_Table):
+    """A validated profile; `name` and `source` say where it came from (not TOML keys)."""
+    description: StrictStr = ""
+    engine: one_of(*ENGINES) = "native"
+    model: ModelSection = Field(default_factory=ModelSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
+    env: dict[str, str] = Field(default_factory=dict)
+    server: ServerSection = Field(default_factory=ServerSection)
+    native: NativeConfig = Field(default_factory=NativeConfig)
+    sglang: SGLangSection = Field(default_factory=SGLangSection)
+    vllm: VLLMSection = Field(default_factory=VLLMSection)
+    _name: str = PrivateAttr("")
+    _source: str = PrivateAttr("")
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @property
     def spec_enabled(self) -> bool:
         return self.speculative.enabled and bool(self.model.draft)
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_names(cls, table):
+        if not isinstance(table, dict):
+            return table  # pydantic: must be a table
+        for k, v in table.items():
+            if not _ENV_NAME.match(k):
+                raise field_error(k, "not a valid environment variable name")
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise field_error(k, f"expected a string, got {v!r}")
+        return {k: str(v) for k, v in table.items()}
 
-_SECTIONS = {"model": ModelSection, "parallel": ParallelSection, "speculative": SpeculativeSection,
-             "server": ServerSection, "native": NativeSection, "sglang": SGLangSection,
-             "vllm": VLLMSection}
-_TOP_SCALARS = {"description": str, "engine": str}
+    @model_validator(mode="after")
+    def _across_tables(self):
+        s, par = self.speculative, self.parallel
+        if not self.model.path:
+            raise field_error("model.path", "is required (the target model directory)")
+        if s.enabled and not self.model.draft:
+            raise field_error("model.draft", "speculative.enabled is true but no drafter is set (give --draft or "
+                                             "--no-spec)")
+        if par.pp > 1 and self.engine != "vllm":
+            raise field_error("parallel.pp", f"pipeline parallelism is set up for the vLLM engine only, not "
+                                             f"{self.engine}")
+        if par.nnodes > 1 and self.engine == "native":
+            raise field_error("parallel.nnodes", "the native engine runs on one node")
+        if self.vllm.draft_tensor_parallel_size not in (None, 1, par.tp):
+            raise field_error("vllm.draft_tensor_parallel_size", f"vLLM takes 1 or parallel.tp = {par.tp}, got "
+                                                                 f"{self.vllm.draft_tensor_parallel_size}")
+        if self.engine == "vllm" and s.enabled and s.topk != 1:
+            raise field_error("speculative.topk", "the vLLM engine drafts a chain (topk = 1, num_speculative_tokens "
+                                                  "= steps)")
+        return self
+
+
+TABLES = {name: f.annotation for name, f in Profile.model_fields.items()
+          if isinstance(f.annotation, type) and (issubclass(f.annotation, BaseModel)
+                                                 or dataclasses.is_dataclass(f.annotation))}
+
+
+def table_fields(cls) -> dict:
+    """name -> pydantic FieldInfo of a table's class (a model or a pydantic dataclass)."""
+    return cls.model_fields if issubclass(cls, BaseModel) else cls.__pydantic_fields__
+
+
+def flag_name(key: str) -> str:
+    """The command-line flag of a dotted profile key: native.max_batch -> --max-batch,
+    server.shutdown_timeout_s -> --shutdown-timeout (the unit is in the help)."""
+    return "--" + key.split(".")[-1].removesuffix("_s").replace("_", "-")
 
 
 # -- overrides and the resolved launch ---------------------------------------------------------
@@ -150,12 +274,8 @@ class Overrides:
     no_spec: bool = False
     model: str | None = None
     draft: str | None = None
-    served_model_name: str | None = None
-    host: str | None = None
-    port: int | None = None
     api_key: str | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # "server.port": 9001, ... (launch/flags.py)
 
 
 @dataclass
@@ -166,6 +286,11 @@ class Launch:
     env_origin: dict[str, str]      # per variable: "profile" or "environment (profile: X)"
     api_key: str | None = None
     notes: list[str] = field(default_factory=list)
+    origin: dict[str, str] = field(default_factory=dict)  # dotted key -> the flag that set it
+
+    def where(self, key: str) -> str:
+        """What set `key`: its flag, or the profile file."""
+        return self.origin.get(key, self.profile.source)
 
 
 # -- finding and reading -----------------------------------------------------------------------
@@ -195,23 +320,30 @@ def read_toml(path: Path) -> dict:
 
 
 # -- the pipeline ------------------------------------------------------------------------------
-def resolve(name_or_path: str, overrides: Overrides | None = None,
+def resolve(name_or_path: str | None, overrides: Overrides | None = None,
             environ: Mapping[str, str] | None = None) -> Launch:
-    """file -> overrides -> environment -> validated Launch (engine arguments come after)."""
+    """file -> overrides -> environment -> validated Launch (engine arguments come after).
+    `name_or_path` None: no file, the native engine's defaults with speculation on when a
+    drafter is given (`python -m server`)."""
     overrides = overrides or Overrides()
     environ = os.environ if environ is None else environ
-    path = find_profile(name_or_path)
-    raw = read_toml(path)
+    if name_or_path is None:
+        raw = {"engine": "native", "speculative": {"enabled": overrides.draft is not None}}
+        name, source, base = "flags", NO_FILE, Path.cwd()
+    else:
+        path = find_profile(name_or_path)
+        raw = read_toml(path)
+        name, source = path.stem, str(path)
+        base = PROJECT_ROOT if path.parent == PROFILE_DIR else path.parent
     origin: dict[str, str] = {}
     notes = _apply_overrides(raw, overrides, origin)
-    expanded = _expand_env(raw, environ, str(path), origin)
-    base = PROJECT_ROOT if path.parent == PROFILE_DIR else path.parent
-    profile = build_profile(raw, path, base, origin, expanded)
+    expanded = _expand_env(raw, environ, source, origin)
+    profile = build_profile(raw, name, source, base, origin, expanded)
     env, env_origin = _effective_env(profile.env, environ)
     api_key = overrides.api_key or environ.get("SPECSERVE_API_KEY") or None
     if overrides.no_spec and overrides.steps is not None:
         notes.append("--no-spec given: --steps is ignored")
-    return Launch(profile, env, env_origin, api_key, notes)
+    return Launch(profile, env, env_origin, api_key, notes, origin)
 
 
 def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[str]:
@@ -220,7 +352,7 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
     def put(section: str, key: str, value, flag: str):
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
-            return  # build_profile reports the bad table
+            return  # validation reports the bad table
         raw[section][key] = value
         origin[f"{section}.{key}"] = flag
 
@@ -248,16 +380,9 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
         if spec.get("topk", 1) == 1:  # a chain: keep the draft tokens in step with the steps
             put("speculative", "draft_tokens", 0, "--steps")
             notes.append("draft tokens follow --steps (topk 1: draft_tokens = steps + 1)")
-    if o.served_model_name is not None:
-        put("server", "served_model_name", o.served_model_name, "--served-model-name")
-    if o.host is not None:
-        put("server", "host", o.host, "--host")
-    if o.port is not None:
-        put("server", "port", o.port, "--port")
-    if o.tool_call_parser is not None:
-        put("server", "tool_call_parser", o.tool_call_parser, "--tool-call-parser")
-    if o.reasoning_parser is not None:
-        put("server", "reasoning_parser", o.reasoning_parser, "--reasoning-parser")
+    for key, value in o.settings.items():
+        section, name = key.split(".")
+        put(section, name, value, flag_name(key))
     return notes
 
 
@@ -301,58 +426,76 @@ def _effective_env(profile_env: dict, environ: Mapping[str, str]) -> tuple[dict[
     return env, origin
 
 
-# -- typing and validation ---------------------------------------------------------------------
-def _where(key: str, path: Path, origin: dict[str, str]) -> str:
-    return origin.get(key, str(path))
+# -- validation ------------------------------------------------------------------------------
+_TYPE_NAMES = {"int": "int", "float": "float", "bool": "bool", "string": "str", "dict": "dict"}
 
 
-def _coerce(value, hint, key: str, where: str, from_env: bool):
-    """Check a TOML value against a dataclass field type; env-expanded strings may become numbers."""
-    args = typing.get_args(hint)
-    if type(None) in args:
-        hint = next(a for a in args if a is not type(None))
-    bad = ProfileError(f"{where}: {key}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if from_env and isinstance(value, str) and value.lower() in ("1", "0", "true", "false"):
-            return value.lower() in ("1", "true")
-        raise bad
-    if hint in (int, float):
-        if from_env and isinstance(value, str):
-            try:
-                return hint(value)
-            except ValueError:
-                raise bad from None
-        allowed = (int,) if hint is int else (int, float)  # a TOML integer is a valid float
-        if isinstance(value, bool) or not isinstance(value, allowed):
-            raise bad
-        return hint(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if hint is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return value
-    raise TypeError(f"unsupported profile field type {hint!r}")
+def scalar_type(annotation) -> type | None:
+    """int for StrictInt, StrictInt | None, ...; None for anything else."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else None
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation if annotation in (bool, int, float) else None
 
 
-def _build_section(cls, table, name: str, path: Path, origin: dict[str, str], expanded: set[str]):
-    if not isinstance(table, dict):
-        raise ProfileError(f"{path}: [{name}] must be a table, got {table!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(table) - set(names))
-    if unknown:
-        raise ProfileError(f"{path}: [{name}]: unknown key(s) {', '.join(unknown)}; "
-                           f"allowed: {', '.join(names)}")
-    values = {}
-    for k, v in table.items():
-        key = f"{name}.{k}"
-        values[k] = _coerce(v, hints[k], key, _where(key, path, origin), key in expanded)
-    return cls(**values)
+def _from_env(raw: dict, expanded: set[str], origin: dict[str, str], source: str) -> None:
+    """An expanded `${VAR}` is a string; where the field is a number or a bool, read it as one."""
+    for key in expanded:
+        section, _, name = key.partition(".")
+        info = table_fields(TABLES[section]).get(name) if section in TABLES else None
+        hint = scalar_type(info.annotation) if info is not None else None
+        value = raw[section][name] if name else raw[section]
+        if hint is None or not isinstance(value, str):
+            continue
+        try:
+            if hint is bool:
+                if value.lower() not in ("1", "0", "true", "false"):
+                    raise ValueError
+                raw[section][name] = value.lower() in ("1", "true")
+            else:
+                raw[section][name] = hint(value)
+        except ValueError:
+            raise ProfileError(f"{origin.get(key, source)}: {key}: expected {hint.__name__}, got {value!r}") from None
+
+
+def _messages(err: ValidationError, source: str, origin: dict[str, str]) -> list[str]:
+    """One line per problem: where (the flag that set the field, or the file), the dotted
+    field, what is wrong."""
+    lines, unknown = [], {}
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        ctx = e.get("ctx") or {}
+        kind = e["type"]
+        if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+            unknown.setdefault(".".join(loc[:-1]), []).append(loc[-1])
+            continue
+        if kind == "field_error":  # a check across fields: it names the field itself
+            loc.append(ctx["field"])
+            msg = ctx["msg"]
+        elif len(loc) == 1 and loc[0] in TABLES and kind in ("model_type", "dataclass_type", "dict_type"):
+            lines.append(f"{source}: [{loc[0]}] must be a table, got {e['input']!r}")
+            continue
+        elif kind.removesuffix("_type").removesuffix("_parsing") in _TYPE_NAMES and kind.endswith(("_type",
+                                                                                                 "_parsing")):
+            msg = f"expected {_TYPE_NAMES[kind.removesuffix('_type').removesuffix('_parsing')]}, got {e['input']!r}"
+        elif kind == "greater_than_equal":
+            msg = f"must be >= {ctx['ge']}, got {e['input']!r}"
+        elif kind == "greater_than":
+            msg = f"must be > {ctx['gt']}, got {e['input']!r}"
+        elif kind == "value_error":
+            msg = str(ctx["error"])
+        else:
+            msg = e["msg"]
+        key = ".".join(loc)
+        lines.append(f"{origin.get(key, source)}: {key}: {msg}")
+    for table, keys in unknown.items():
+        allowed = ", ".join(table_fields(TABLES[table]) if table else
+                            [k for k in Profile.model_fields])
+        where = f"[{table}]: " if table else ""
+        lines.append(f"{source}: {where}unknown key(s) {', '.join(sorted(keys))}; allowed: {allowed}")
+    return lines
 
 
 def _resolve_path(p: str | None, base: Path) -> str | None:
@@ -362,150 +505,24 @@ def _resolve_path(p: str | None, base: Path) -> str | None:
     return p if os.path.isabs(p) else str((base / p).resolve())
 
 
-def build_profile(raw: dict, path: Path, base: Path | None = None, origin: dict[str, str] | None = None,
+def build_profile(raw: dict, name: str, source: str, base: Path, origin: dict[str, str] | None = None,
                   expanded: set[str] | None = None) -> Profile:
-    """Typed, validated Profile from a (possibly overridden and expanded) TOML dict."""
+    """Typed, validated Profile from a (possibly overridden and expanded) TOML dict; relative
+    paths are resolved against `base`."""
     origin, expanded = origin or {}, expanded or set()
-    base = base or path.parent
-    allowed = set(_SECTIONS) | set(_TOP_SCALARS) | {"env"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ProfileError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    prof = Profile(name=path.stem, source=str(path))
-    for k, typ in _TOP_SCALARS.items():
-        if k in raw:
-            setattr(prof, k, _coerce(raw[k], typ, k, _where(k, path, origin), k in expanded))
-    for name, cls in _SECTIONS.items():
-        if name in raw:
-            setattr(prof, name, _build_section(cls, raw[name], name, path, origin, expanded))
-    prof.env = _build_env(raw.get("env", {}), path)
+    _from_env(raw, expanded, origin, source)
+    try:
+        prof = Profile.model_validate(raw)
+    except ValidationError as e:
+        raise ProfileError("\n".join(_messages(e, source, origin))) from None
+    prof._name, prof._source = name, source
     for key in ("path", "draft"):
         try:
             setattr(prof.model, key, _resolve_path(getattr(prof.model, key), base))
         except FileNotFoundError as e:
-            raise ProfileError(f"{_where('model.' + key, path, origin)}: model.{key}: {e}") from None
+            raise ProfileError(f"{origin.get('model.' + key, source)}: model.{key}: {e}") from None
     sweep = prof.speculative.sweep_file
     if sweep:
         sweep = os.path.expanduser(sweep)
         prof.speculative.sweep_file = sweep if os.path.isabs(sweep) else str((base / sweep).resolve())
-    _validate(prof, path, origin)
     return prof
-
-
-def _build_env(table, path: Path) -> dict[str, str]:
-    if not isinstance(table, dict):
-        raise ProfileError(f"{path}: [env] must be a table of NAME = \"value\"")
-    env = {}
-    for k, v in table.items():
-        if not _ENV_NAME.match(k):
-            raise ProfileError(f"{path}: env.{k}: not a valid environment variable name")
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise ProfileError(f"{path}: env.{k}: expected a string, got {v!r}")
-        env[k] = str(v)
-    return env
-
-
-def _validate(p: Profile, path: Path, origin: dict[str, str]) -> None:
-    def fail(key: str, msg: str):
-        raise ProfileError(f"{_where(key, path, origin)}: {key}: {msg}")
-
-    if p.engine not in ENGINES:
-        fail("engine", f"{p.engine!r} is not one of {', '.join(ENGINES)}")
-    if not p.model.path:
-        fail("model.path", "is required (the target model directory)")
-    s = p.speculative
-    if s.steps < 1:
-        fail("speculative.steps", f"must be >= 1, got {s.steps}")
-    if s.topk < 1:
-        fail("speculative.topk", f"must be >= 1, got {s.topk}")
-    if s.topk == 1:
-        if s.draft_tokens not in (0, s.steps + 1):
-            fail("speculative.draft_tokens", f"topk = 1 needs draft_tokens = steps + 1 = {s.steps + 1}, "
-                                             f"got {s.draft_tokens}")
-        s.draft_tokens = s.steps + 1
-    elif s.draft_tokens < 2:
-        fail("speculative.draft_tokens", f"tree drafting (topk = {s.topk}) needs draft_tokens >= 2, "
-                                         f"got {s.draft_tokens}")
-    if s.steps_by_batch:
-        from launch.steps_table import parse_table
-        try:
-            table = parse_table(s.steps_by_batch)
-        except ValueError as e:
-            fail("speculative.steps_by_batch", str(e))
-        if s.topk != 1:
-            fail("speculative.steps_by_batch", f"steps per batch size are for chains (topk = 1), not topk = {s.topk}")
-        most = max(k for _, k in table)
-        if most > s.steps:
-            fail("speculative.steps", f"must be >= the most steps_by_batch drafts ({most}), got {s.steps}")
-        if most == 0 and s.enabled:
-            fail("speculative.steps_by_batch", "drafts at no batch size: set speculative.enabled = false instead")
-    if s.enabled and not p.model.draft:
-        fail("model.draft", "speculative.enabled is true but no drafter is set (give --draft or --no-spec)")
-    par = p.parallel
-    if par.tp < 1:
-        fail("parallel.tp", f"must be >= 1, got {par.tp}")
-    if par.pp < 1:
-        fail("parallel.pp", f"must be >= 1, got {par.pp}")
-    if par.pp > 1 and p.engine != "vllm":
-        fail("parallel.pp", f"pipeline parallelism is set up for the vLLM engine only, not {p.engine}")
-    if par.nnodes < 1:
-        fail("parallel.nnodes", f"must be >= 1, got {par.nnodes}")
-    if not 0 <= par.node_rank < par.nnodes:
-        fail("parallel.node_rank", f"must be in [0, nnodes = {par.nnodes}), got {par.node_rank}")
-    if par.nnodes > 1:
-        if not par.dist_init_addr:
-            fail("parallel.dist_init_addr", "is required when nnodes > 1 (host:port of node 0)")
-        if par.tp * par.pp % par.nnodes:
-            fail("parallel.tp", f"tp = {par.tp} does not split evenly over nnodes = {par.nnodes}")
-        if p.engine == "native":
-            fail("parallel.nnodes", "the native engine runs on one node")
-    if not 1 <= p.server.port <= 65535:
-        fail("server.port", f"must be in 1..65535, got {p.server.port}")
-    if p.server.log_level not in LOG_LEVELS:
-        fail("server.log_level", f"{p.server.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
-    n = p.native
-    if n.dtype not in NATIVE_DTYPES:
-        fail("native.dtype", f"{n.dtype!r} is not one of {', '.join(NATIVE_DTYPES)}")
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", n.device):
-        fail("native.device", f"{n.device!r} is not auto, cpu, cuda or cuda:N")
-    for k in ("max_batch", "max_waiting"):
-        if getattr(n, k) < 1:
-            fail(f"native.{k}", f"must be >= 1, got {getattr(n, k)}")
-    if n.max_context < 0:
-        fail("native.max_context", f"must be >= 0, got {n.max_context}")
-    g = p.sglang
-    if g.mem_fraction_static is not None and not 0.0 < g.mem_fraction_static <= 1.0:
-        fail("sglang.mem_fraction_static", f"must be in (0, 1], got {g.mem_fraction_static}")
-    if g.cuda_graph_max_bs_decode is not None and g.cuda_graph_max_bs_decode < 1:
-        fail("sglang.cuda_graph_max_bs_decode", f"must be >= 1, got {g.cuda_graph_max_bs_decode}")
-    if g.dtype not in SGLANG_DTYPES:
-        fail("sglang.dtype", f"{g.dtype!r} is not one of {', '.join(SGLANG_DTYPES)}")
-    owned = {"model_path", "tokenizer_path", "served_model_name", "tp_size", "nnodes", "node_rank",
-             "dist_init_addr", "mem_fraction_static", "cuda_graph_max_bs_decode", "dtype", "context_length",
-             "max_running_requests", "trust_remote_code"}
-    clash = sorted(k for k in g.extra if k in owned or k.startswith("speculative_"))
-    if clash:
-        fail("sglang.extra", f"{', '.join(clash)} are set from the profile's own tables, not [sglang.extra]")
-    if g.extra.get("incremental_streaming_output"):
-        fail("sglang.extra", "incremental_streaming_output is not supported (the engine adapter expects "
-                             "cumulative chunks)")
-    v = p.vllm
-    if v.dtype not in VLLM_DTYPES:
-        fail("vllm.dtype", f"{v.dtype!r} is not one of {', '.join(VLLM_DTYPES)}")
-    if v.gpu_memory_utilization is not None and not 0.0 < v.gpu_memory_utilization <= 1.0:
-        fail("vllm.gpu_memory_utilization", f"must be in (0, 1], got {v.gpu_memory_utilization}")
-    for k in ("max_model_len", "max_num_seqs"):
-        if getattr(v, k) is not None and getattr(v, k) < 1:
-            fail(f"vllm.{k}", f"must be >= 1, got {getattr(v, k)}")
-    if v.draft_tensor_parallel_size not in (None, 1, par.tp):
-        fail("vllm.draft_tensor_parallel_size", f"vLLM takes 1 or parallel.tp = {par.tp}, got "
-                                                f"{v.draft_tensor_parallel_size}")
-    if p.engine == "vllm" and s.enabled and s.topk != 1:
-        fail("speculative.topk", "the vLLM engine drafts a chain (topk = 1, num_speculative_tokens = steps)")
-    owned = {"model", "tokenizer", "served_model_name", "tensor_parallel_size", "pipeline_parallel_size", "nnodes",
-             "node_rank", "master_addr", "master_port", "dtype", "max_model_len", "gpu_memory_utilization",
-             "max_num_seqs", "enforce_eager", "trust_remote_code", "speculative_config", "disable_log_stats",
-             "per_request_spec_decode_metrics"}
-    clash = sorted(k for k in v.extra if k in owned)
-    if clash:
-        fail("vllm.extra", f"{', '.join(clash)} are set from the profile's own tables, not [vllm.extra]")

@@ -7,7 +7,8 @@ be slower than none at load. The profile holds `[speculative] steps_by_batch = {
 size, the last entry beyond (0: no drafts). `benchmarks.step_sweep --concurrency` measures
 it and writes it to the profile's `sweep_file`, which `--steps auto` reads.
 
-  native  engine.decoder.SpecConfig.steps_by_batch: ((size, steps), ...)
+  native  engine.config.SpecConfig.steps_by_batch: ((size, steps), ...), read from the profile's
+          table by engine.config.parse_steps_table
   vLLM    speculative_config["num_speculative_tokens_per_batch_size"]: [(first, last, k), ...]
           (inclusive batch-size ranges, the last one carried forward; vllm/v1/spec_decode/dynamic)
   SGLang  speculative_adaptive with a speculative_adaptive_config JSON: {"<smallest batch size>":
@@ -16,29 +17,7 @@ it and writes it to the profile's `sweep_file`, which `--steps auto` reads.
 """
 from __future__ import annotations
 
-Table = tuple[tuple[int, int], ...]
-
-
-def parse_table(raw: dict) -> Table:
-    """{"size": steps} (TOML keys are strings) -> ((size, steps), ...) ascending; ValueError says why."""
-    if not raw:
-        raise ValueError("is empty")
-    out = []
-    for k, v in raw.items():
-        try:
-            size = int(k)
-        except (TypeError, ValueError):
-            raise ValueError(f"batch size {k!r} is not an integer") from None
-        if size < 1:
-            raise ValueError(f"batch size {size} must be >= 1")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"steps for batch size {size} must be an integer >= 0, got {v!r}")
-        out.append((size, v))
-    return tuple(sorted(out))
-
-
-def as_profile_table(table: Table) -> dict:
-    return {str(size): steps for size, steps in table}
+from engine.config import StepsTable as Table
 
 
 def vllm_schedule(table: Table) -> list[tuple[int, int, int]]:

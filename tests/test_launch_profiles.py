@@ -3,7 +3,6 @@ arguments), and a wrong value stops the launch with a message naming the file (o
 and the field — before any engine process starts."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -131,8 +130,8 @@ def test_overrides_beat_the_file_and_keep_a_chain_consistent():
     assert (p.speculative.steps, p.speculative.topk, p.speculative.draft_tokens) == (3, 1, 4)
     p = resolve("reference", Overrides(steps=3, topk=4, draft_tokens=8), environ={}).profile
     assert (p.speculative.steps, p.speculative.topk, p.speculative.draft_tokens) == (3, 4, 8)
-    p = resolve("reference", Overrides(no_spec=True, host="127.0.0.1", port=9001, served_model_name="k"),
-                environ={}).profile
+    p = resolve("reference", Overrides(no_spec=True, settings={"server.host": "127.0.0.1", "server.port": 9001,
+                                                               "server.served_model_name": "k"}), environ={}).profile
     assert not p.spec_enabled and (p.server.host, p.server.port, p.server.served_model_name) == ("127.0.0.1", 9001, "k")
     assert "--speculative-algorithm" not in sglang_cli(sglang_server_args(p))
 
@@ -178,15 +177,13 @@ def test_native_engine_args_from_the_cpu_profile():
     assert a.spec is None and a.draft is None
 
 
-def test_native_tp_profile_stops_clearly_until_the_engine_has_tp():
-    from engine.loading import NativeEngineArgs
+def test_native_tp_profile_resolves_but_does_not_serve_until_the_engine_has_tp():
+    """h200x2-native carries the NCCL settings benchmarks.tp_decode runs with; serving it stops clearly."""
     p = resolve("h200x2-native", environ={}).profile
-    if "tp" in {f.name for f in dataclasses.fields(NativeEngineArgs)}:
-        assert native_engine_args(p).tp == 2
-    else:
-        with pytest.raises(ProfileError, match="h200x2-native.toml: parallel.tp: the native engine does not "
-                                               "implement tensor parallelism"):
-            native_engine_args(p)
+    assert p.parallel.tp == 2
+    with pytest.raises(ProfileError, match="h200x2-native.toml: parallel.tp: the native engine does not "
+                                           "implement tensor parallelism"):
+        native_engine_args(p)
 
 
 def test_cpu_fast_keeps_the_gguf_4_bit_in_bfloat16_with_speculation_off():

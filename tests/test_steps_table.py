@@ -82,5 +82,5 @@ def test_steps_flag_replaces_the_table_and_says_so(tmp_path):
     from launch.profiles import Overrides
     body = 'steps = 5\nsteps_by_batch = { "1" = 5, "8" = 2 }'
     launch = resolve(str(profile(tmp_path, "native", body)), Overrides(steps=2), environ={})
-    assert launch.profile.speculative.steps_by_batch == {} and launch.profile.speculative.steps == 2
+    assert launch.profile.speculative.steps_by_batch == () and launch.profile.speculative.steps == 2
     assert any("steps_by_batch" in n for n in launch.notes)
