@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.engine_load import run_load
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from models.model_source import resolve_model_path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = PROJECT_ROOT / "shipped" / "smollm2" / "heldout" / "chat.jsonl"
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     args.steps = [int(s) for s in args.steps.split(",")]
     args.concurrency = sorted(int(c) for c in args.concurrency.split(","))
+    args.model = resolve_model_path(args.model)  # pypi:PACKAGE as the server takes it
     if min(args.steps) < 1:
         ap.error("--steps: chain step counts are >= 1 (plain decoding is always measured)")
     result = run(args)
