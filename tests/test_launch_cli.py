@@ -194,3 +194,21 @@ def test_steps_auto_reads_the_sweep_file_the_profile_names(capsys, environ_resto
     adaptive = out.split("--speculative-adaptive-config ")[1].split()[0]
     assert json.loads(Path(adaptive).read_text()) == {
         "1": {"candidate_steps": [4]}, "2": {"candidate_steps": [2]}, "5": {"candidate_steps": [0]}}
+
+
+def test_every_engine_and_server_setting_is_a_flag_that_beats_the_profile(capsys, environ_restored, tmp_path):
+    """The flags are generated from the tables that declare the settings (engine/config.py,
+    launch/profiles.py): a setting added there is a flag, and the flag's value wins."""
+    from engine.config import NativeConfig
+    from launch.profiles import ServerSection, flag_name, table_fields
+    flags = {s for action in cli.build_parser()._actions for s in action.option_strings}
+    for section, cls in (("native", NativeConfig), ("server", ServerSection)):
+        assert {flag_name(f"{section}.{name}") for name in table_fields(cls)} <= flags, section
+    t, d = llama_target(tmp_path / "t"), eagle3_drafter(tmp_path / "d")
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", "cpu-default", "--model", str(t), "--draft", str(d),
+                         "--steps", "2", "--max-batch", "3", "--grammar-timeout", "2.5", "--compile", "--port", "9123")
+    assert rc == 0, out
+    assert "max_batch=3" in out and "grammar_timeout_s=2.5" in out and "compile=True" in out and ":9123" in out
+    assert "max_context=4096" in out  # what the flags leave alone stays the profile's
+    rc, _, err = run_cli(capsys, "--dry-run", "--profile", "cpu-default", "--max-batch", "0")
+    assert rc == 2 and "specserve: error: --max-batch: native.max_batch: must be >= 1, got 0" in err

@@ -53,6 +53,20 @@ def test_python_m_server_with_draft_defaults_to_3_steps(tmp_path):
     assert '"POST /v1/completions HTTP/1.1" 200 prompt_tokens=' in text
 
 
+def test_python_m_server_is_specserve_without_a_profile():
+    """One launch path: `python -m server` resolves its flags as `specserve --no-profile` does,
+    from the engine's defaults, speculating only with a drafter."""
+    models = h.models()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "server", "--model", str(models.target), "--dry-run", "--max-batch", "3"]
+    out = subprocess.run(base + ["--draft", str(models.draft)], capture_output=True, text=True, env=env,
+                         cwd=str(ROOT), timeout=120, check=True).stdout
+    assert "profile flags (command line)" in out and "EAGLE3 steps 3, topk 1, draft tokens 4" in out
+    assert "native engine arguments:" in out and "max_batch=3" in out and "device='auto'" in out
+    out = subprocess.run(base, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120, check=True).stdout
+    assert "speculative  off" in out and "spec=None" in out
+
+
 def test_engine_that_cannot_start_ends_the_process(tmp_path):
     """Weights load but the tokenizer is missing: the server exits 1 with the reason instead
     of answering /health with 503 forever."""
@@ -105,4 +119,5 @@ def test_a_model_path_that_is_neither_a_folder_nor_a_gguf_stops_with_exit_2(tmp_
     for bad in (str(tmp_path / "missing"), "pypi:no_such_package_here"):
         proc = subprocess.run([sys.executable, "-m", "server", "--model", bad], capture_output=True, text=True,
                               env=env, cwd=str(ROOT), timeout=120)
-        assert proc.returncode == 2 and f"--model {bad}:" in proc.stderr, proc.stderr[-1000:]
+        assert proc.returncode == 2 and "error: --model: model.path: " in proc.stderr and bad in proc.stderr, \
+            proc.stderr[-1000:]
