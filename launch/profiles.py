@@ -477,9 +477,8 @@ def _messages(err: ValidationError, source: str, origin: dict[str, str]) -> list
         elif len(loc) == 1 and loc[0] in TABLES and kind in ("model_type", "dataclass_type", "dict_type"):
             lines.append(f"{source}: [{loc[0]}] must be a table, got {e['input']!r}")
             continue
-        elif kind.removesuffix("_type").removesuffix("_parsing") in _TYPE_NAMES and kind.endswith(("_type",
-                                                                                                 "_parsing")):
-            msg = f"expected {_TYPE_NAMES[kind.removesuffix('_type').removesuffix('_parsing')]}, got {e['input']!r}"
+        elif kind.endswith(("_type", "_parsing")) and kind.rsplit("_", 1)[0] in _TYPE_NAMES:
+            msg = f"expected {_TYPE_NAMES[kind.rsplit('_', 1)[0]]}, got {e['input']!r}"
         elif kind == "greater_than_equal":
             msg = f"must be >= {ctx['ge']}, got {e['input']!r}"
         elif kind == "greater_than":
