@@ -22,18 +22,9 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.engine_load import run_load
+from benchmarks.engine_load import HELDOUT, load_prompts, run_load
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 from models.model_source import resolve_model_path
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-HELDOUT = PROJECT_ROOT / "shipped" / "smollm2" / "heldout" / "chat.jsonl"
-
-
-def load_prompt_ids(path: str, tokenizer, limit: int) -> list[list[int]]:
-    from benchmarks.engine_speed import encode_prompt
-    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:limit]
-    return [encode_prompt(tokenizer, r.get("messages") or r["prompt"]) for r in records]
 
 
 def build(args, loaded, spec):
@@ -99,7 +90,7 @@ def run(args) -> dict:
     loaded = LoadedModels.load(NativeEngineArgs(model=args.model, draft=args.draft, spec=SpecConfig(max(steps)),
                                                 device=args.device, dtype=args.dtype, gguf_q4=args.gguf_q4))
     needed = max(args.num_prompts, args.rounds * max(args.concurrency))
-    prompts = load_prompt_ids(args.prompts, loaded.tokenizer, needed)
+    prompts = load_prompts(args.prompts, loaded.tokenizer, needed)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
     if not all(progress.done("plain", c) for c in cs):

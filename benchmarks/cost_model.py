@@ -14,10 +14,11 @@ for speedup and T / (T + a(S)) for tok/s (1 as T grows).
 Two cost sources are reported side by side: "parts" (the sum above, c_overhead fitted once at
 a reference S) and "cycle" (the engine's whole chain step timed at each S; its shapes are
 fixed, so it does not depend on acceptance and can be timed with any drafter).
---validate checks the model against a step sweep of the same pair on the same device
-(predicted vs measured speedup per S); --predict applies the pair's acceptance curve to
-another target's costs (e.g. the 8B shape) and labels the result a PREDICTION: acceptance
-of a real 8B pair differs, the cost side is what it estimates.
+--validate checks the model against a step sweep (benchmarks/batch_sweep.py, at its smallest
+concurrency) of the same pair on the same device (predicted vs measured speedup per S);
+--predict applies the pair's acceptance curve to another target's costs (e.g. the 8B shape)
+and labels the result a PREDICTION: acceptance of a real 8B pair differs, the cost side is
+what it estimates.
 
   python -m benchmarks.cost_model --sweep benchmarks/results/step_sweep/h200-native.json \
       --validate benchmarks/results/costs/embedded.json --predict benchmarks/results/costs/llama8b.json
@@ -63,6 +64,18 @@ class Costs:
         if n not in self.verify_ms or n not in self.extend_ms:
             return None
         return self.verify_ms[n] + (steps - 1) * self.draft_step_ms + self.extend_ms[n] + self.overhead_ms
+
+
+def batch_one(sweep: dict) -> dict:
+    """A step sweep in the model's terms (batch 1, a row per setting). benchmarks/batch_sweep.py
+    rows (one per setting and concurrency) become those of its smallest concurrency, with the
+    per-request decode rate as tok_s; older sweeps (benchmarks/results/step_sweep/) pass as they are."""
+    rows = sweep["rows"]
+    if not rows or "concurrency" not in rows[0]:
+        return sweep
+    c = min(r["concurrency"] for r in rows)
+    return {**sweep, "rows": [{**r, "topk": 1 if r["steps"] else 0, "tok_s": r["request_tok_s"],
+                               "speedup": r["x_plain_request"]} for r in rows if r["concurrency"] == c]}
 
 
 def acceptance_curve(sweep: dict) -> dict[int, float]:
@@ -170,7 +183,7 @@ def plot(result: dict, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sweep", required=True, help="step_sweep JSON: the acceptance curve (and measured speedups)")
+    ap.add_argument("--sweep", required=True, help="batch_sweep JSON: the acceptance curve (and measured speedups)")
     ap.add_argument("--validate", metavar="COSTS", help="step_costs JSON of the SAME pair and device as --sweep")
     ap.add_argument("--predict", metavar="COSTS", action="append", default=[],
                     help="step_costs JSON of another target (repeatable)")
@@ -181,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not args.validate and not args.predict:
         ap.error("give --validate COSTS and/or --predict COSTS")
-    sweep = json.loads(Path(args.sweep).read_text())
+    sweep = batch_one(json.loads(Path(args.sweep).read_text()))
     accept = acceptance_curve(sweep)
     reply = reply_tokens(sweep) if args.reply_tokens is None else args.reply_tokens or None
     result = {"name": args.name or sweep.get("name", Path(args.sweep).stem), "sweep": args.sweep,

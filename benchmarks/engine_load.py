@@ -5,18 +5,22 @@ without HTTP, at a chosen concurrency.
 and measures what a serving benchmark does: output throughput (all new tokens / wall time),
 each request's decode rate ((tokens - 1) / (end - first token)), the longest gap between a
 request's deltas (a compile or a graph capture inside serving shows here), and accept length
-(completion tokens / verify steps). Replies end at EOS unless ignore_eos. The tokens are kept,
+(completion tokens / verify steps). Replies end at EOS unless ignore_eos. The replies are kept,
 so settings can be checked against each other: greedy decoding must not change any.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from engine.api import SamplingParams
+from engine.api import GenerationOutput, SamplingParams
 from engine.scheduler import NativeEngine
+
+HELDOUT = Path(__file__).resolve().parent.parent / "shipped" / "smollm2" / "heldout" / "chat.jsonl"
 
 
 @dataclass
@@ -27,19 +31,25 @@ class LoadResult:
     throughput: float               # new tokens / s, all requests
     request_tok_s: float            # median over requests of (tokens - 1) / decode seconds
     accept_length: float            # completion tokens / verify steps (1.0 without speculation)
+    tokens_per_step: float          # tokens after each reply's first / verify steps (what the cost model needs)
+    decode_tokens_per_reply: float  # mean tokens after the first (each reply also pays the step launched past it)
     max_gap_s: float                # longest wait between two deltas of one request
-    outputs: list[list[int]]        # per prompt, in prompt order
+    replies: list[GenerationOutput]  # per prompt, in prompt order, its deltas joined
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        return [r.token_ids for r in self.replies]
 
     def record(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "outputs"}
+        return {k: v for k, v in self.__dict__.items() if k != "replies"}
 
 
 async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: int, max_tokens: int,
-                 ignore_eos: bool) -> LoadResult:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=False)
+                 ignore_eos: bool, detokenize: bool) -> LoadResult:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=detokenize)
     gate = asyncio.Semaphore(concurrency)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    rates, gaps, steps, completions = [], [0.0], [], []
+    replies = [GenerationOutput() for _ in prompts]
+    rates, gaps = [], [0.0]
 
     async def one(i: int, prompt: list[int]) -> None:
         async with gate:
@@ -53,24 +63,51 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
                 else:
                     gaps.append(now - last)
                 last = now
-                outputs[i] += out.token_ids
-                if out.finished:
-                    completions.append(out.completion_tokens)
-                    steps.append(out.spec.verify_steps if out.spec else 0)
-            if len(outputs[i]) > 1 and last > first:
-                rates.append((len(outputs[i]) - 1) / (last - first))
+                replies[i] = replies[i].then(out)
+            if len(replies[i].token_ids) > 1 and last > first:
+                rates.append((len(replies[i].token_ids) - 1) / (last - first))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
-    total = sum(len(o) for o in outputs)
+    total = sum(len(r.token_ids) for r in replies)
+    decoded = [len(r.token_ids) - 1 for r in replies]
+    # Without speculation every token after the first is one step.
+    steps = sum(r.spec.verify_steps for r in replies) if engine.decoder.spec else sum(decoded)
     # The engine's convention (SpecStats.accept_length): completion tokens / verify steps.
-    accept = sum(completions) / sum(steps) if engine.decoder.spec and sum(steps) else 1.0
     return LoadResult(concurrency, wall, total, total / wall, statistics.median(rates) if rates else 0.0,
-                      accept, max(gaps), outputs)
+                      total / steps if engine.decoder.spec and steps else 1.0,
+                      sum(decoded) / steps if steps else 0.0, statistics.mean(decoded), max(gaps), replies)
 
 
 def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, max_tokens: int,
-             ignore_eos: bool = False) -> LoadResult:
+             ignore_eos: bool = False, detokenize: bool = False) -> LoadResult:
     """Serve `prompts` through a started engine with `concurrency` requests in flight."""
-    return asyncio.run(_serve(engine, prompts, concurrency, max_tokens, ignore_eos))
+    return asyncio.run(_serve(engine, prompts, concurrency, max_tokens, ignore_eos, detokenize))
+
+
+def load_prompts(path: str | Path, tokenizer, n: int) -> list[list[int]]:
+    """Token ids of the first n records of a JSONL of {messages} (chat, rendered with the
+    generation prompt) or {prompt} (raw text)."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:n]
+    return [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
+            if r.get("messages") else tokenizer.encode(r["prompt"]) for r in records]
+
+
+def native_replies(model: str, draft: str, prompts: list[list[int]], *, steps: int, max_tokens: int,
+                   dtype: str = "float32") -> list[dict]:
+    """Greedy replies of the native engine on CPU, batch 1, a chain of `steps` drafts: what
+    another engine's replies are compared with (tests/test_vllm_engine.py)."""
+    from engine.config import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine
+
+    engine = build_engine(NativeEngineArgs(model=model, draft=draft, spec=SpecConfig(steps), device="cpu",
+                                           dtype=dtype, max_batch=1))
+    engine.start_blocking()
+    try:
+        replies = run_load(engine, prompts, 1, max_tokens, detokenize=True).replies
+    finally:
+        engine.stop_blocking()
+    return [{"token_ids": r.token_ids, "text": r.text, "finish_reason": r.finish_reason,
+             "verify_steps": r.spec.verify_steps, "proposed_draft_tokens": r.spec.proposed_draft_tokens,
+             "accepted_draft_tokens": r.spec.accepted_draft_tokens} for r in replies]

@@ -1,0 +1,44 @@
+"""The step sweep (benchmarks/batch_sweep.py) on the tiny pair of the server tests, in the
+engine loop the server runs: plain decoding and chains at each concurrency, every greedy
+output equal to plain decoding's (float32), and a result file that `--steps auto` serves
+(launch/auto_steps.py reads it through the profile's speculative.sweep_file) and that the
+cost model reads as its batch-1 sweep. Timings are never checked."""
+import json
+
+from benchmarks import batch_sweep, cost_model
+from engine.config import parse_steps_table
+from launch.auto_steps import auto_setting
+from launch.profiles import resolve
+from tests import server_harness as h
+
+
+def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
+    models = h.models()
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c}]}) + "\n"
+                               for c in h.CHAT_PROMPTS))
+    out = tmp_path / "sweep.json"
+    result = batch_sweep.main(["--model", str(models.target), "--draft", str(models.draft), "--steps", "1,2",
+                               "--concurrency", "1,2", "--prompts", str(prompts), "--num-prompts", "4",
+                               "--rounds", "1", "--max-tokens", "12", "--max-context", "256", "--device", "cpu",
+                               "--out", str(out)])
+    assert json.loads(out.read_text())["steps_by_batch"] == result["steps_by_batch"]
+    assert out.with_suffix(".md").stat().st_size > 0 and out.with_suffix(".png").stat().st_size > 0
+    rows = result["rows"] + result["table_rows"]
+    assert {(r["setting"], r["concurrency"]) for r in result["rows"]} == {
+        (s, c) for s in ("plain", "chain 1", "chain 2") for c in (1, 2)}
+    assert all(r["mismatches"] == 0 and r["output_tokens"] > 0 for r in rows), rows
+    assert all(r["accept_length"] > 1 for r in rows if r["steps"])
+    table = result["steps_by_batch"]
+    if table is not None:  # some chain beat plain decoding somewhere: the table was served again
+        assert set(table) == {"1", "2"} and parse_steps_table(table)
+        assert [(r["concurrency"], r["steps"]) for r in result["table_rows"]] == [(1, table["1"]), (2, table["2"])]
+    profile = resolve("reference").profile
+    profile.speculative.sweep_file = str(out)
+    choice, message = auto_setting(profile)
+    assert choice.steps == (max(table.values()) if table else result["best"]["steps"]), message
+    assert choice.steps_by_batch == table and str(out) in message
+
+    sweep = cost_model.batch_one(result)
+    assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 1), (1, 1)]  # concurrency 1
+    assert set(cost_model.acceptance_curve(sweep)) == {1, 2} and cost_model.reply_tokens(sweep) > 0
