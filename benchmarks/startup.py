@@ -7,6 +7,7 @@ cache in TORCHINDUCTOR_CACHE_DIR does): it builds the native engine as the serve
 batch size up to --max-batch with the steps table in force), times it, then at once, with no
 warm-up, serves the prompts at each --concurrency (benchmarks/engine_load.py) and reports the
 longest gap between two deltas of one request: a compile or capture inside serving shows there.
+--no-compile starts eager steps instead (the server's default), whose graphs are captured then.
 
   python -m benchmarks.startup --model M --draft D --steps-by-batch 1=4,4=3,32=1 --max-batch 32 \\
       --dtype bfloat16 --cache-dir /tmp/inductor --out benchmarks/results/startup/h200.json
@@ -28,8 +29,7 @@ from benchmarks.report import md_table, provenance, write_json
 def child(args) -> dict:
     """One start in this process: engine ready time, then max gaps per concurrency."""
     t0 = time.perf_counter()
-    from benchmarks.batch_sweep import load_prompt_ids
-    from benchmarks.engine_load import run_load
+    from benchmarks.engine_load import load_prompts, run_load
     from engine.decoder import SpecConfig
     from engine.loading import NativeEngineArgs, build_engine
     imported = time.perf_counter() - t0
@@ -38,11 +38,12 @@ def child(args) -> dict:
     spec = SpecConfig(max(s for _, s in table), steps_by_batch=table) if table else SpecConfig(args.steps)
     eargs = NativeEngineArgs(model=args.model, draft=args.draft, spec=spec if args.draft else None,
                              device=args.device, dtype=args.dtype, max_batch=args.max_batch,
-                             max_context=args.max_context, compile=True, compile_max_batch=args.max_batch)
+                             max_context=args.max_context, compile=not args.no_compile,
+                             compile_max_batch=args.max_batch)
     engine = build_engine(eargs)
     engine.start_blocking()
     ready = time.perf_counter() - t0
-    prompts = load_prompt_ids(args.prompts, engine.tokenizer, max(args.concurrency) * 2)
+    prompts = load_prompts(args.prompts, engine.tokenizer, max(args.concurrency) * 2)
     loads = []
     for c in args.concurrency:
         r = run_load(engine, prompts[:2 * c], c, args.max_tokens)
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="eager steps: on GPU their CUDA graphs are captured on first use, after ready")
     ap.add_argument("--cache-dir", required=True, help="TORCHINDUCTOR_CACHE_DIR (emptied for the cold start)")
     ap.add_argument("--out", help="JSON to write (.md beside it)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows = [[kind, round(s["ready_s"], 1)] + [round(x["max_gap_ms"]) for x in s["loads"]]
                 for kind, s in starts.items()]
         out.with_suffix(".md").write_text(
-            f"# Start-up with compile\n\n`{result['provenance']['command']}`\n\n"
+            f"# Start-up {'without' if args.no_compile else 'with'} compile\n\n`{result['provenance']['command']}`\n\n"
             + md_table(["start", "engine ready s"] + [f"max gap ms, c={c}" for c in args.concurrency], rows) + "\n")
     return result
 

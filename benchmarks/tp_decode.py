@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.engine_speed import decode_once
 from benchmarks.report import provenance, write_json
 from benchmarks.shapes import random_drafter, random_target, weight_bytes
 from benchmarks.timing import copy_bandwidth
 from engine.decoder import BatchDecoder, SpecConfig
+from engine.sampling import BatchSampling
 from engine.tensor_parallel import shard_model, warm_up
 from models.layers import fuse_projections
 
@@ -38,9 +38,19 @@ RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "tp_decode"
 
 
 def decode_rate(dec: BatchDecoder, prompt: list[int], tokens: int) -> tuple[float, float]:
-    """(tok/s after the first token, tokens per step)."""
-    n, steps, secs = decode_once(dec, prompt, tokens, overlap=False)  # step by step
-    return (n - 1) / secs, (n - 1) / max(steps, 1)
+    """(tok/s after the first token, tokens per step), step by step. Not the engine's loop
+    (benchmarks/engine_load.py): the native engine runs in one process, while here every rank
+    drives its own decoder and must run exactly the steps the others run (the all-reduces pair
+    up), so no step is launched ahead and none stops early (EOS does not end the reply)."""
+    s = BatchSampling.all_greedy_rows(1, dec.device)
+    dec.prefill(0, prompt, s)
+    sync = torch.cuda.synchronize if dec.device.type == "cuda" else (lambda: None)
+    sync()
+    t0, n, steps = time.perf_counter(), 1, 0
+    while n < tokens:
+        n, steps = n + len(dec.step(1, s)[0].tokens), steps + 1
+    sync()
+    return (n - 1) / (time.perf_counter() - t0), (n - 1) / steps
 
 
 def main(argv: list[str] | None = None) -> dict | None:

@@ -1,0 +1,24 @@
+"""benchmarks/startup: a cold and a warm start, each in a fresh process, serve at once and
+report engine-ready seconds and the longest gap per concurrency (eager here: compiling on CPU
+takes a minute). Timings are never checked."""
+import json
+from pathlib import Path
+
+from benchmarks import startup
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cold_and_warm_starts(tmp_path):
+    out = tmp_path / "s.json"
+    result = startup.main(["--model", str(ROOT / "shipped/target"), "--draft", str(ROOT / "shipped/drafter"),
+                           "--steps", "2", "--max-batch", "2", "--concurrency", "1,2", "--max-tokens", "8",
+                           "--device", "cpu", "--dtype", "float32", "--no-compile",
+                           "--prompts", str(ROOT / "shipped/data/heldout_prompts.jsonl"),
+                           "--cache-dir", str(tmp_path / "cache"), "--out", str(out)])
+    assert set(result["starts"]) == {"cold", "warm"}
+    for s in result["starts"].values():
+        assert s["ready_s"] > 0 and [x["concurrency"] for x in s["loads"]] == [1, 2]
+        assert all(x["throughput"] > 0 and x["accept_length"] > 1 for x in s["loads"])
+    assert json.loads(out.read_text())["settings"]["no_compile"] is True
+    assert "| cold |" in out.with_suffix(".md").read_text()
