@@ -1,21 +1,12 @@
-"""Start an OpenAI-compatible server as a subprocess for one measurement, and stop it after.
-
-Benchmarks that compare settings (steps, engines) start one server per setting from a
-command template, so each runs with a fresh engine and its own CUDA graphs.
-"""
+"""A free port for a server and the one wait for its /health, used by benchmarks and tests."""
 from __future__ import annotations
 
-import contextlib
-import shlex
 import socket
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -48,26 +39,3 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: floa
         if time.monotonic() > deadline:
             raise TimeoutError(failed(f"not healthy after {timeout_s:.0f} s"))
         time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def running_server(template: str, fields: dict, log_path: Path, timeout_s: float = 300.0):
-    """Yield the base URL of a server started from `template` ({port} and `fields` filled in)."""
-    port = free_port()
-    cmd = template.format(port=port, **fields)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log:
-        log.write(f"\n### {cmd}\n")
-        log.flush()
-        proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_healthy(base, proc, timeout_s)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()

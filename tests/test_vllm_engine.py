@@ -98,8 +98,8 @@ def prompts() -> dict:
 @pytest.fixture(scope="module")
 def native(prompts) -> list[dict]:
     """The native engine's greedy outputs on the same pair and prompts (3-step chains)."""
-    from benchmarks.vllm_parity_native import run_native
-    return run_native(str(TARGET), str(DRAFT), prompts["ids"], steps=STEPS, max_tokens=MAX_TOKENS)["outputs"]
+    from benchmarks.engine_load import native_replies
+    return native_replies(str(TARGET), str(DRAFT), prompts["ids"], steps=STEPS, max_tokens=MAX_TOKENS)
 
 
 def check_spec(usage) -> dict:
