@@ -79,7 +79,7 @@ train() {
 steps = sum(int(n) // $TRAIN_BATCH for n in '$SIZES'.split(',')); print(min(3.0, int(10 * $TRAIN_S / (s * steps)) / 10))")
     fi
     log "scaling: sizes $SIZES, $EPOCHS epochs"
-    python3 -m benchmarks.data_scaling --target $W/target --data $W/data --sizes "$SIZES" --epochs "$EPOCHS" \
+    python3 shipped/smollm2/data_scaling.py --target $W/target --data $W/data --sizes "$SIZES" --epochs "$EPOCHS" \
       --batch-size "$TRAIN_BATCH" --max-length 1024 --lr "$LR" --save-every 200 --jobs 4 --export-dtype bfloat16 \
       --prompts shipped/smollm2/heldout/chat.jsonl --eval-prompts "$EVAL_PROMPTS" --max-tokens "$EVAL_TOKENS" \
       --steps "$EVAL_STEPS" \

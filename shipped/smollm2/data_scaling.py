@@ -1,4 +1,6 @@
-"""Accept length against training-data size: one drafter per sample count, same recipe.
+#!/usr/bin/env python3
+"""Accept length against training-data size: one drafter per sample count, same recipe (the
+train stage of gpu_build.sh, whose largest drafter ships).
 
 For each N, `drafter train --limit-samples N` (the first N conversations, `--epochs` passes),
 `drafter export`, then `drafter eval` on held-out prompts at steps 1..6. `--jobs` trains that
@@ -7,7 +9,7 @@ mostly idle).
 Resumable: an N whose eval JSON exists is skipped, a run directory is resumed. Writes a JSON
 table, markdown and a PNG plot to --out-dir.
 
-  python -m benchmarks.data_scaling --target shipped/target --data runs/scaling/data \
+  python shipped/smollm2/data_scaling.py --target shipped/target --data runs/scaling/data \
       --sizes 250,500,1000,2000 --out-dir benchmarks/results/data_scaling
 """
 from __future__ import annotations
