@@ -35,8 +35,8 @@ from pathlib import Path
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import prom_text
 from benchmarks.report import provenance, write_json
 from benchmarks.server_proc import free_port, wait_healthy
 
@@ -150,10 +150,7 @@ async def run_concurrent(url: str, items: list[dict], concurrency: int, timeout_
 
 def gauges(url: str) -> tuple[float, float]:
     """(running, waiting) from /metrics."""
-    values = {}
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in fam.samples:
-            values[s.name] = s.value
+    values = prom_text.parse_totals(httpx.get(url + "/metrics", timeout=10).text)
     return values["specserve_num_requests_running"], values["specserve_num_requests_waiting"]
 
 

@@ -27,8 +27,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.shapes import random_pair
 from benchmarks.timing import time_ms
 from engine.decoder import BatchDecoder, SpecConfig
+from engine.loading import NativeEngineArgs, load_models
 from engine.masks import block_inputs, causal
 from engine.sampling import BatchSampling
 
@@ -102,20 +104,14 @@ def measure(target, drafter, context: int, max_verify: int, cycle_steps: list[in
 
 
 def load_pair(args):
-    if args.model:
-        from engine.loading import NativeEngineArgs, load_models
-        target, drafter, device = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=SpecConfig(1),
-                                                               device=args.device, dtype=args.dtype))
-        if drafter is None:
-            raise SystemExit("--model needs --draft (the drafter whose costs the cycle includes)")
-        return target, drafter, {"model": args.model, "draft": args.draft}
-    from benchmarks.shapes import random_drafter, random_target
-    from engine.loading import pick_device, pick_dtype
-    device = pick_device(args.device)
-    from models.layers import fuse_projections
-    target = random_target(args.shape, device, pick_dtype(args.dtype, device))
-    drafter = fuse_projections(random_drafter(target, args.shape))
-    return fuse_projections(target), drafter, {"shape": args.shape}
+    if not args.model:
+        target, drafter, _ = random_pair(args.shape, args.device, args.dtype)
+        return target, drafter, {"shape": args.shape}
+    if not args.draft:
+        raise SystemExit("--model needs --draft (the drafter whose costs the cycle includes)")
+    target, drafter, _ = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=SpecConfig(1),
+                                                      device=args.device, dtype=args.dtype))
+    return target, drafter, {"model": args.model, "draft": args.draft}
 
 
 def markdown(r: dict) -> str:
@@ -155,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=160, help="committed tokens in the cache while timing")
     ap.add_argument("--max-verify", type=int, default=16)
     ap.add_argument("--max-context", type=int, default=1024,
-                    help="the decoders' context (as engine_speed/step_sweep use it: "
+                    help="the decoders' context (as engine_speed/batch_sweep use it: "
                          "compiled steps attend over all of it)")
     ap.add_argument("--cycle-steps", default="1,2,3,4,5,6,8,10", help="engine chain steps to time whole")
     ap.add_argument("--ref-steps", type=int, default=3, help="the cycle the overhead constant comes from")
