@@ -16,7 +16,7 @@ SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase6
 	partial-json-parser  # SGLang's tool-call parsers (server/tools.py) import it
 
 # vLLM's CPU build in its own environment (its pins are not ours), the peer that
-# benchmarks/vllm_parity.py runs the native engine against. PyPI's torchvision, torchaudio and
+# tests/test_vllm_engine.py holds the native engine's replies against. PyPI's torchvision, torchaudio and
 # torchcodec, which it pulls in, are CUDA builds that break `import vllm` next to CPU torch
 # (torchvision::nms); a text model needs none of them, so they are removed. Our server runs there
 # too for the vLLM engine (profile engine = "vllm"): the project is installed into it with its own
