@@ -9,8 +9,11 @@ What training captured is the recorded `trained_aux_layer_outputs` (our export),
 recorded capture engine (`specserve.capture_engine`, or `--captured-by` for a drafter that
 records none) fed for the configured ids: a SpecForge drafter whose features came through
 SGLang itself fits SGLang as configured. With neither, the ids are assumed to be HF layer
-outputs and the warnings say so. MLA drafters (Kimi `Eagle3DeepseekV2ForCausalLM`) count their
-attention as MLA.
+outputs and the warnings say so. MLA drafters (Kimi `Eagle3DeepseekV2ForCausalLM`: SGLang's
+models/kimi_k25_eagle3.py, vLLM's deepseek_eagle3.py, the layout of lightseekorg's
+kimi-k2.5-eagle3-mla) count their attention as MLA; the EAGLE-3.1 options both engines read
+(`fc_norm`: an RMSNorm per aux state before fc; `norm_output`: the post-norm state fed back)
+are shown, and the aux-state count is the config's.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.aux_layers import capture_convention, captured_layer_outputs, serving_ids_for
-from models.eagle3_checkpoint import is_mla_drafter
+from models.eagle3_checkpoint import EAGLE31_OPTIONS, is_mla_drafter
 
 ENGINES = ("sglang-llama", "sglang-deepseek", "vllm")
 
@@ -42,9 +45,15 @@ class DrafterShape:
     target_layers: int | None
     capture_engine: str | None = None    # recorded, or --captured-by; None: unknown
     mla: dict | None = None              # q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims
+    options: list[str] | None = None     # EAGLE-3.1 options set in the config (EAGLE31_OPTIONS)
+    architecture: str = ""
 
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# Which engine code loads each drafter architecture (SGLang 0.5.23 / vLLM 0.32 model files).
+LOADERS = {"LlamaForCausalLMEagle3": "SGLang llama_eagle3.py, vLLM llama_eagle3.py",
+           "Eagle3DeepseekV2ForCausalLM": "SGLang kimi_k25_eagle3.py, vLLM deepseek_eagle3.py",
+           "Eagle3DeepseekV3ForCausalLM": "vLLM deepseek_eagle3.py (alias of Eagle3DeepseekV2ForCausalLM)"}
 
 
 def read_config(path: str | Path) -> tuple[dict, str]:
@@ -68,12 +77,14 @@ def shape_from_config(cfg: dict, name: str, target_layers: int | None = None,
         name=name, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"], heads=heads,
         kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
         vocab=cfg["vocab_size"], draft_vocab=cfg.get("draft_vocab_size") or cfg["vocab_size"],
-        target_hidden=cfg.get("target_hidden_size") or cfg["hidden_size"], num_aux=3,
+        target_hidden=cfg.get("target_hidden_size") or cfg["hidden_size"],
+        num_aux=len(eagle.get("eagle_aux_hidden_state_layer_ids") or []) or cfg.get("num_aux_hidden_states") or 3,
         aux_ids=list(eagle.get("eagle_aux_hidden_state_layer_ids") or []),
         trained_outputs=ours.get("trained_aux_layer_outputs"), serving_engine=ours.get("serving_engine"),
         # A count recorded with the config (our export) wins; --target-layers fills in where none is.
         target_layers=ours.get("target_num_hidden_layers") or cfg.get("target_num_hidden_layers") or target_layers,
         capture_engine=ours.get("capture_engine") or captured_by, mla=mla,
+        options=[k for k in EAGLE31_OPTIONS if cfg.get(k)], architecture=(cfg.get("architectures") or ["?"])[0],
     )
 
 
@@ -93,7 +104,7 @@ def breakdown(s: DrafterShape) -> dict[str, int]:
         "fc": s.num_aux * s.target_hidden * h,
         "attention": attention,
         "mlp": 3 * h * s.intermediate,
-        "norms": 4 * h,
+        "norms": 4 * h + (s.num_aux * s.target_hidden if {"fc_norm", "use_aux_norm"} & set(s.options or []) else 0),
         "lm_head": h * s.draft_vocab,
     }
     parts["trainable"] = sum(v for k, v in parts.items() if not k.startswith("embedding"))
@@ -156,6 +167,10 @@ def fmt(n: int) -> str:
 
 def _rows(shapes: list[DrafterShape]) -> list[tuple[str, list[str]]]:
     rows = [
+        ("architecture", [s.architecture for s in shapes]),
+        ("loaded by", [LOADERS.get(s.architecture, "? (not an EAGLE-3 architecture SGLang or vLLM knows)")
+                       for s in shapes]),
+        ("EAGLE-3.1 options", [", ".join(s.options) if s.options else "none" for s in shapes]),
         ("hidden / intermediate", [f"{s.hidden} / {s.intermediate}" for s in shapes]),
         ("heads / kv heads / head_dim", [f"{s.heads} / {s.kv_heads} / {s.head_dim}" for s in shapes]),
         ("attention", [f"MLA (q_lora {s.mla['q_lora_rank']}, kv_lora {s.mla['kv_lora_rank']})" if s.mla

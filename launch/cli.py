@@ -25,6 +25,7 @@ from launch.profiles import Launch, Overrides, ProfileError, available_profiles,
 from server.tools import ParserSetupError, check_parser_names
 
 NCCL_LABELS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL")
+KIMI_SHAPES = "drafter/configs"   # config.json-only folders of Kimi-K2.5 and its drafters, for dry runs
 VLLM_FOLLOWER = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--headless"]
 
 
@@ -166,7 +167,9 @@ def check_pair(launch: Launch, dry_run: bool) -> str:
         return "pair check: speculation off"
     local = os.path.isdir(p.model.path) and os.path.isdir(p.model.draft)
     if not local and (dry_run or p.engine in ("sglang", "vllm")):
-        return f"pair check: skipped ({p.model.path} or {p.model.draft} is not a local directory here)"
+        return (f"pair check: skipped ({p.model.path} or {p.model.draft} is not a local directory here; a dry run "
+                f"checks a pair from its config.json files alone, e.g. the Kimi-K2.5 shapes: --model "
+                f"{KIMI_SHAPES}/kimi-k2.5 --draft {KIMI_SHAPES}/kimi-k2-eagle3 or kimi-k2.5-eagle3-mla)")
     return "pair check: " + check_pair_configs(p.model.path, p.model.draft, p.engine)
 
 
@@ -260,6 +263,14 @@ def vllm_drafter(launch: Launch, dry_run: bool) -> str | None:
     print(f"vllm drafter: eagle_aux_hidden_state_layer_ids {served} (inputs of layers): vLLM feeds the outputs "
           f"of layers {fed} of {layers}" + ("" if recorded else " (no training record: ids read as layer outputs, "
                                             "CHECK)"), flush=True)
+    configured = (read_config(p.model.draft).get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if configured and list(configured) != served:
+        from models.aux_layers import CONVENTION_RULES, captured_layer_outputs, conventions_reading
+        written = conventions_reading(configured, layers, fed) if recorded else []
+        print(f"vllm drafter: its config holds {list(configured)}"
+              + (f", written for {' / '.join(written)} ({CONVENTION_RULES[written[0]]})" if written else "")
+              + f"; as given, vLLM would read them as inputs of layers and feed the outputs of layers "
+              f"{captured_layer_outputs('vllm', configured, layers)}: served through a copy with {served}", flush=True)
     if dry_run:
         return None
     draft = vllm_copy(p.model.draft, layers)

@@ -8,7 +8,10 @@ own; the aux-layer check asks models.aux_layers what the serving engine captures
 drafter's configured ids and compares it with the layer outputs training captured (recorded,
 or what the recorded capture engine fed). Kimi-K2.5 (`KimiK25ForConditionalGeneration`, the
 DeepSeek rule) keeps its LM config under text_config and ships INT4 compressed-tensors weights;
-MLA drafters (`Eagle3DeepseekV2ForCausalLM`) serve on SGLang, not on the native engine.
+MLA drafters (`Eagle3DeepseekV2ForCausalLM`) and EAGLE-3.1 options (fc_norm, norm_output) serve on
+SGLang and vLLM, not on the native engine. A mismatch names the convention the ids were written in
+and the one the serving engine reads them by (the reference team's wiring bug); a drafter that
+records no training capture gets a CHECK where SGLang's rule reads its ids as inputs of layers.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from models.aux_layers import SGLANG_NO_EAGLE3, sglang_rule
+from models.eagle3_checkpoint import EAGLE31_OPTIONS
 from models.hf_config import read_hf_config
 
 
@@ -101,6 +105,10 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
         if mla:
             raise PairMismatch(f"{d_file}: an MLA drafter ({d_cfg['architectures'][0]}) serves on SGLang or vLLM; "
                                f"the native engine runs {ARCHITECTURE} drafters only")
+        options = [k for k in EAGLE31_OPTIONS if d_cfg.get(k)]
+        if options:
+            raise PairMismatch(f"{d_file}: EAGLE-3.1 options {options} (SGLang kimi_k25_eagle3.py, vLLM "
+                               f"deepseek_eagle3.py) serve on SGLang or vLLM; the native engine runs plain EAGLE-3")
         return summary
     no_eagle3 = [a for a in t.architectures if a in SGLANG_NO_EAGLE3]
     if no_eagle3:
@@ -117,13 +125,38 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
                    "`drafter export` reorders the fc")
         elif len(set(trained)) < len(trained):
             why = "SGLang captures a layer once, so a duplicated layer cannot be fed; serve it on the native engine"
+        else:
+            why = wiring_fix(configured, trained, conv, t.num_hidden_layers)
         raise PairMismatch(
             f"{d_file}: eagle_aux_hidden_state_layer_ids {configured} make SGLang ({conv}, target "
             f"{t_file}) capture the outputs of layers {captured}, but the drafter was trained on the "
             f"outputs of layers {trained}; {why}")
     vllm = captured_layer_outputs("vllm", configured, t.num_hidden_layers)
-    return summary + (f"; SGLang ({conv}) captures outputs of layers {captured} (vLLM would feed {vllm}"
+    line = summary + (f"; SGLang ({conv}) captures outputs of layers {captured} (vLLM would feed {vllm}"
                       f"{'' if vllm == captured else ': different layers'})")
+    if trained is None and configured and list(captured) != sorted(configured):
+        from models.aux_layers import serving_ids_for
+        line += (f"; CHECK: the drafter records no training capture, and {conv} does not read these ids as layer "
+                 f"outputs: trained on the outputs of layers {sorted(configured)} (transformers, SpecForge's HF "
+                 f"backend) it needs ids {serving_ids_for(conv, sorted(configured))} here; trained through SGLang "
+                 f"itself (SpecForge's SGLang backend) it fits as it is")
+    return line
+
+
+def wiring_fix(configured: list[int] | None, trained: list[int], serving: str, num_layers: int) -> str:
+    """The reference team's wiring bug, explained: which convention the configured ids were
+    written in, which one the serving engine reads them by, and the ids it needs instead."""
+    from models.aux_layers import CONVENTION_RULES, conventions_reading, serving_ids_for
+
+    written = conventions_reading(configured or [], num_layers, trained) if configured else []
+    origin = (f"the ids are written for {' / '.join(written)} ({CONVENTION_RULES[written[0]]})" if written
+              else "no engine's convention reads these ids as the trained layers")
+    try:
+        ids = serving_ids_for(serving, trained)
+        fix = f"re-export with `drafter export RUN OUT --serving-engine {serving}` (ids {ids})"
+    except ValueError as e:
+        fix = f"no {serving} ids capture them ({e})"
+    return f"{origin}, but this target takes {serving} ({CONVENTION_RULES[serving]}); {fix}"
 
 
 def trained_outputs(d_cfg: dict, num_layers: int) -> list[int] | None:

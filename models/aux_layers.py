@@ -126,3 +126,19 @@ def vllm_extract_rows(outputs: list[int], num_layers: int) -> tuple[list[int], i
     ids = vllm_extract_ids(outputs, num_layers)
     row = {o: ids.index(serving_ids_for("vllm", [o])[0]) for o in {*outputs, last_layer_output(num_layers)}}
     return [row[o] for o in outputs], row[last_layer_output(num_layers)]
+
+
+# How each convention reads a config's ids: named in every message about a mismatch.
+CONVENTION_RULES = {
+    "training": "training: ids are layer outputs",
+    "sglang-llama": "SGLang's Llama rule: ids are layer outputs",
+    "sglang-deepseek": "SGLang's DeepSeek rule: ids are layer outputs if the first id is 1, else inputs of layers",
+    "vllm": "vLLM: ids are inputs of layers",
+}
+
+
+def conventions_reading(ids: list[int], num_layers: int, outputs: list[int]) -> list[str]:
+    """The serving conventions in which config `ids` make the engine feed the layer `outputs`
+    (which engine a drafter config was written for); empty when none does."""
+    return [e for e in ("sglang-llama", "sglang-deepseek", "vllm")
+            if captured_layer_outputs(e, list(ids), num_layers) == list(outputs)]

@@ -24,6 +24,10 @@ from models.safetensors_io import load_state_dict, save_state_dict, weight_files
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM aliases V3 to V2
+# EAGLE-3.1 config flags SGLang (kimi_k25_eagle3.py) and vLLM (deepseek_eagle3.py) read: fc_norm (an
+# RMSNorm per aux state before fc; use_aux_norm is its older name), norm_output (the post-norm
+# state fed back), norm_before_residual. The native engine implements none of them.
+EAGLE31_OPTIONS = ("fc_norm", "use_aux_norm", "norm_output", "norm_before_residual")
 WEIGHTS_FILE = "model.safetensors"
 WEIGHT_NAMES = frozenset({
     *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
