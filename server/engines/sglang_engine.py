@@ -19,6 +19,7 @@ a 400, as in SGLang's own server. A seed is honoured only with enable_determinis
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.util
 import logging
 import multiprocessing
@@ -247,9 +248,12 @@ class SGLangEngine:
             return built.result()
         if main:  # more ranks may follow the first: the server is exiting, so ignore them
             signal.signal(signal.SIGQUIT, signal.SIG_IGN)
-        for c in multiprocessing.active_children():  # the schedulers this start launched
-            if c.pid not in children:
-                c.kill()
+        _kill_new_children(children)
+        # A rank forked just now may not be registered yet, and at exit multiprocessing only
+        # SIGTERMs its children, which a fork of this process answers with the server's inherited
+        # handler instead of dying, so exit would wait on it: kill again at exit (atexit runs
+        # this before multiprocessing's own exit handler, registered earlier).
+        atexit.register(_kill_new_children, children)
         if built.done():
             built.exception()  # retrieved; the SIGQUIT says more
         built.cancel()
@@ -347,3 +351,10 @@ class SGLangEngine:
 def _auto_tokenizer(path: str, trust_remote_code: bool):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def _kill_new_children(before: set[int]) -> None:
+    """SIGKILL the multiprocessing children not in `before` (the schedulers a start launched)."""
+    for c in multiprocessing.active_children():
+        if c.pid not in before:
+            c.kill()
