@@ -1,6 +1,6 @@
 """`--steps auto`: serve what the profile's step sweep measured fastest.
 
-`benchmarks.step_sweep --concurrency 1,2,4,... --out FILE` writes a JSON file with a "best"
+`benchmarks.batch_sweep --concurrency 1,2,4,... --out FILE` writes a JSON file with a "best"
 record (steps, topk, draft_tokens at concurrency 1; steps 0: speculation lost to the baseline)
 and, when it measured several concurrencies, "steps_by_batch" (launch/steps_table.py). The
 profile names that file in `[speculative] sweep_file`, so it lives where the deployment keeps

@@ -114,7 +114,7 @@ class ParallelSection(_Table):
 class SpeculativeSection(SpecConfig):
     """The engine's SpecConfig, and whether to speculate at all and where a step sweep lives."""
     enabled: StrictBool = True
-    # Where `benchmarks.step_sweep --concurrency` writes its result; `--steps auto` reads it.
+    # Where `benchmarks.batch_sweep` writes its result; `--steps auto` reads it.
     sweep_file: StrictStr | None = None
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ Speculation pays less as the batch grows (every row shares each forward's weight
 verify forward's extra tokens stop being free), so the step count that is fastest alone can
 be slower than none at load. The profile holds `[speculative] steps_by_batch = { "1" = 5,
 "8" = 3, "32" = 0 }`: a step of B rows drafts the steps of the first entry with B <= its
-size, the last entry beyond (0: no drafts). `benchmarks.step_sweep --concurrency` measures
+size, the last entry beyond (0: no drafts). `benchmarks.batch_sweep` measures
 it and writes it to the profile's `sweep_file`, which `--steps auto` reads.
 
   native  engine.config.SpecConfig.steps_by_batch: ((size, steps), ...), read from the profile's

@@ -329,7 +329,7 @@ def test_shipped_pair_is_lossless_and_accepts_long_runs():
     measures 3.66 tokens per verify at 5 steps)."""
     from pathlib import Path
 
-    from benchmarks.engine_speed import load_prompts
+    from benchmarks.engine_load import load_prompts
     from engine.loading import load_models, load_tokenizer
 
     repo = Path(__file__).resolve().parents[1]
