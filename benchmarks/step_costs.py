@@ -151,8 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=160, help="committed tokens in the cache while timing")
     ap.add_argument("--max-verify", type=int, default=16)
     ap.add_argument("--max-context", type=int, default=1024,
-                    help="the decoders' context (as engine_speed/batch_sweep use it: "
-                         "compiled steps attend over all of it)")
+                    help="the decoders' context (as batch_sweep uses it: compiled steps attend over all of it)")
     ap.add_argument("--cycle-steps", default="1,2,3,4,5,6,8,10", help="engine chain steps to time whole")
     ap.add_argument("--ref-steps", type=int, default=3, help="the cycle the overhead constant comes from")
     ap.add_argument("--iters", type=int, default=50)

@@ -2,8 +2,11 @@
 engine loop the server runs: plain decoding and chains at each concurrency, every greedy
 output equal to plain decoding's (float32), and a result file that `--steps auto` serves
 (launch/auto_steps.py reads it through the profile's speculative.sweep_file) and that the
-cost model reads as its batch-1 sweep. Timings are never checked."""
+cost model reads as its batch-1 sweep; a random pair's chain accepts at the synthetic rates it
+is given. Timings are never checked."""
 import json
+
+import pytest
 
 from benchmarks import batch_sweep, cost_model
 from engine.config import parse_steps_table
@@ -42,3 +45,27 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     sweep = cost_model.batch_one(result)
     assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 1), (1, 1)]  # concurrency 1
     assert set(cost_model.acceptance_curve(sweep)) == {1, 2} and cost_model.reply_tokens(sweep) > 0
+
+
+def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):
+    """A random pair with synthetic acceptance 1.0: the chain accepts every draft, so each verify
+    step yields steps + 1 tokens and every reply runs to max_tokens."""
+    out = tmp_path / "synthetic.json"
+    result = batch_sweep.main(["--shape", "tiny", "--device", "cpu", "--steps", "2", "--concurrency", "1",
+                               "--synthetic-accept", "1,1", "--num-prompts", "2", "--prompt-len", "8",
+                               "--max-tokens", "16", "--rounds", "1", "--out", str(out)])
+    plain, chain = result["rows"]
+    assert plain["tokens_per_step"] == 1.0 and plain["x_plain_throughput"] == 1.0
+    assert chain["tokens_per_step"] == 3.0 and chain["decode_tokens_per_reply"] == 15  # 5 steps of 3
+    assert json.loads(out.read_text())["synthetic_acceptance"] == [1.0, 1.0]
+    assert "SYNTHETIC" in out.with_suffix(".md").read_text()
+
+
+def test_bad_flags_name_what_is_wrong(tmp_path, capsys):
+    models = h.models()
+    for argv, message in ((["--model", str(models.target)], "--model needs --draft"),
+                          (["--model", str(models.target), "--draft", str(models.draft), "--synthetic-accept", "1"],
+                           "--synthetic-accept is for the random pair")):
+        with pytest.raises(SystemExit):
+            batch_sweep.main(argv + ["--out", str(tmp_path / "x.json")])
+        assert message in capsys.readouterr().err
