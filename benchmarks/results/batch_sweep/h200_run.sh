@@ -38,8 +38,9 @@ case "${1:-check}" in
         --steps-by-batch "${TABLE:-1=2,32=1}" --max-batch 32 --concurrency 1,2,4,8,16,32 --max-tokens 64 \
         --cache-dir /tmp/inductor-startup --out "$OUT/startup/h200.json" 2>&1 | grep -v Warning | tee "$OUT/startup.log" ;;
   synthetic7)
-    timeout "$LIMIT" python3 -m benchmarks.engine_speed --shape 8b --steps 0,7 \
+    # (ran as benchmarks.engine_speed --steps 0,7 ... --json; folded into batch_sweep in f880bc2)
+    timeout "$LIMIT" python3 -m benchmarks.batch_sweep --shape 8b --steps 7 --concurrency 1 --rounds 1 \
         --synthetic-accept 0.9,0.86,0.8,0.75,0.7,0.65,0.6 --compile --num-prompts 3 --max-tokens 256 \
-        --max-context 1024 --device cuda --dtype bfloat16 --json "$OUT/synthetic_8b_7.json" 2>&1 \
+        --max-context 1024 --device cuda --dtype bfloat16 --out "$OUT/synthetic_8b_7.json" 2>&1 \
         | grep -v Warning | tee "$OUT/synthetic_8b_7.log" ;;
 esac

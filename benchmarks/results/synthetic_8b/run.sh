@@ -10,6 +10,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-timeout "${LIMIT_S:-430}" python3 -m benchmarks.engine_speed --shape 8b --steps 0,3,7 \
+# (Ran as benchmarks.engine_speed --steps 0,3,7 ... --json; folded into batch_sweep in f880bc2.)
+timeout "${LIMIT_S:-430}" python3 -m benchmarks.batch_sweep --shape 8b --steps 3,7 --concurrency 1 --rounds 1 \
     --synthetic-accept 0.9,0.86,0.8,0.75,0.7,0.65,0.6 --compile --num-prompts 3 --max-tokens 256 \
-    --max-context 1024 --device cuda --dtype bfloat16 --json "$OUT/synthetic_8b.json" 2>&1 | grep -v Warning | tee "$OUT/synthetic_8b.log"
+    --max-context 1024 --device cuda --dtype bfloat16 --out "$OUT/synthetic_8b.json" 2>&1 | grep -v Warning | tee "$OUT/synthetic_8b.log"
