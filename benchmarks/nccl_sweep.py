@@ -1,11 +1,12 @@
 """All-reduce latency of decode-sized messages for NCCL protocol / algorithm / P2P settings.
 
-Why graphs: timed from a host loop, an 8 KB-1 MB all-reduce on 2x H200 costs 35-45 us for
-every setting, because kernel launch overhead hides the differences (DESIGN §6). Decode
-runs captured in CUDA graphs, so the number that matters is the per-all-reduce time of many
-all-reduces captured in ONE graph (default 100 per graph, 20 replays, CUDA events, median).
-Host-loop timings (back-to-back launches, and one synchronised op at a time) are reported
-for contrast.
+Why graphs: timed from a host loop, decode-sized all-reduces on 2x H200 cost about the same for
+every setting, because kernel launch overhead hides the differences (DESIGN §6; the host-loop
+columns of results/nccl/2xH200.md). Decode runs captured in CUDA graphs, so the number that
+matters is the per-all-reduce time of many all-reduces captured in ONE graph and replayed as the
+engine replays its steps (benchmarks/timing.time_ms: default 100 per graph, the median of 5
+rounds of 20 back-to-back replays, so rank skew only delays a round's first replay). The CPU
+dry run times the same all-reduces eagerly with gloo.
 
 Each combination runs in fresh processes (one per GPU) with its environment set before
 init_process_group: NCCL reads NCCL_* once per process. NCCL_NVLS_ENABLE=0 always (required
@@ -24,7 +25,6 @@ import itertools
 import math
 import os
 import queue as queue_mod
-import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
 from benchmarks.server_proc import free_port
+from benchmarks.timing import time_ms
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "nccl"
@@ -68,7 +69,6 @@ class SweepConfig:
     tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     ops_per_graph: int = 100
     replays: int = 20
-    host_ops: int = 100
     dry_run: bool = False
 
 
@@ -104,13 +104,13 @@ def _worker(rank: int, world: int, env: dict, init: str, cfg: SweepConfig, out) 
         rows = []
         for t in cfg.tokens:
             x = torch.zeros(cfg.hidden * t, dtype=dtype, device=device)
-            for _ in range(5):
-                dist.all_reduce(x)
-            _sync(device)
-            rows.append({"tokens": t, "bytes": x.numel() * x.element_size(),
-                         "graph_us": _time_graph(x, cfg) if cuda else None,
-                         "host_loop_us": _time_host_loop(x, cfg, device),
-                         "host_sync_us": _time_host_sync(x, cfg, device)})
+
+            def all_reduces():
+                for _ in range(cfg.ops_per_graph):
+                    dist.all_reduce(x)
+
+            us = time_ms(all_reduces, device, iters=cfg.replays) * 1000.0 / cfg.ops_per_graph
+            rows.append({"tokens": t, "bytes": x.numel() * x.element_size(), "us": us})
         version = ".".join(map(str, torch.cuda.nccl.version())) if cuda else "gloo"
         dist.barrier()
         dist.destroy_process_group()
@@ -118,66 +118,6 @@ def _worker(rank: int, world: int, env: dict, init: str, cfg: SweepConfig, out) 
             out.put({"rows": rows, "nccl_version": version})
     except Exception:
         out.put({"error": f"rank {rank}: {traceback.format_exc(limit=4)}"})
-
-
-def _sync(device) -> None:
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time_graph(x, cfg: SweepConfig) -> float:
-    """Median per-all-reduce microseconds of `ops_per_graph` all-reduces replayed as one graph."""
-    import torch
-    import torch.distributed as dist
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            dist.all_reduce(x)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: the c10d watchdog thread may query events of earlier collectives meanwhile.
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for _ in range(cfg.ops_per_graph):
-            dist.all_reduce(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    # Replays back to back with an event between each: the host never stalls the GPU, and rank
-    # skew only delays the first replay.
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(cfg.replays + 1)]
-    events[0].record()
-    for i in range(cfg.replays):
-        graph.replay()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    per_op = [events[i].elapsed_time(events[i + 1]) * 1000.0 / cfg.ops_per_graph for i in range(cfg.replays)]
-    del graph
-    return statistics.median(per_op)
-
-
-def _time_host_loop(x, cfg: SweepConfig, device) -> float:
-    """Mean microseconds per all-reduce launched back to back from Python (launch-bound when small)."""
-    import torch.distributed as dist
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(cfg.host_ops):
-        dist.all_reduce(x)
-    _sync(device)
-    return (time.perf_counter() - t0) * 1e6 / cfg.host_ops
-
-
-def _time_host_sync(x, cfg: SweepConfig, device) -> float:
-    """Median microseconds of one all-reduce followed by a device synchronise."""
-    import torch.distributed as dist
-    times = []
-    for _ in range(max(5, cfg.host_ops // 4)):
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
 
 
 # -- the parent: one fresh process group per combination ---------------------------------------
@@ -205,57 +145,51 @@ def run_combo(ctx, combo: Combo, world: int, cfg: SweepConfig, timeout_s: float)
     return res
 
 
-def score(res: ComboResult, key: str) -> float | None:
+def score(res: ComboResult) -> float | None:
     """Geometric mean latency over message sizes (each size counts equally)."""
-    vals = [r[key] for r in res.rows if r.get(key)]
+    vals = [r["us"] for r in res.rows if r["us"]]
     if res.error or not vals or len(vals) != len(res.rows):
         return None
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
-def pick(results: list[ComboResult], key: str, p2p_disabled: bool) -> ComboResult | None:
-    cands = [r for r in results if score(r, key) is not None and r.p2p_disabled == p2p_disabled]
-    return min(cands, key=lambda r: score(r, key)) if cands else None
+def pick(results: list[ComboResult], p2p_disabled: bool) -> ComboResult | None:
+    cands = [r for r in results if score(r) is not None and r.p2p_disabled == p2p_disabled]
+    return min(cands, key=score) if cands else None
 
 
-def fragment(best: ComboResult, key: str, note: str, header: str) -> str:
+def fragment(best: ComboResult, note: str, header: str) -> str:
     lines = [f"# {header}", f"# {note}",
-             f"# geometric-mean all-reduce latency {score(best, key):.1f} us ({key}); setting: {best.label}",
-             "[env]"]
+             f"# geometric-mean all-reduce latency {score(best):.1f} us; setting: {best.label}", "[env]"]
     lines += [f'{k} = "{v}"' for k, v in sorted(best.env.items())]
     return "\n".join(lines) + "\n"
 
 
-def markdown(result: dict, results: list[ComboResult], key: str) -> str:
+def markdown(result: dict, results: list[ComboResult]) -> str:
     sizes = [r["bytes"] for r in next((x.rows for x in results if x.rows), [])]
     default = next((r for r in results if r.label == "default"), None)
-    base = score(default, key) if default else None
-
-    def table(k: str) -> str:
-        rows = []
-        for r in results:
-            by = {x["bytes"]: x.get(k) for x in r.rows}
-            s = score(r, k)
-            rows.append([r.label] + [by.get(b) for b in sizes]
-                        + [s, f"{s / score(default, k):.2f}" if s and default and score(default, k) else None,
-                           r.error.splitlines()[-1][:60] if r.error else ""])
-        return md_table(["setting"] + [_kb(b) for b in sizes] + ["geomean us", "vs default", "error"], rows)
-
+    base = score(default) if default else None
+    rows = []
+    for r in results:
+        by = {x["bytes"]: x["us"] for x in r.rows}
+        s = score(r)
+        rows.append([r.label] + [by.get(b) for b in sizes]
+                    + [s, f"{s / base:.2f}" if s and base else None, r.error.splitlines()[-1][:60] if r.error else ""])
     c = result["config"]
-    backend = "gloo on CPU (dry run: timings meaningless)" if c["dry_run"] else "NCCL " + result["nccl_version"]
+    if c["dry_run"]:
+        how = "gloo on CPU, eager (dry run: timings meaningless)"
+    else:
+        how = (f"NCCL {result['nccl_version']}, captured in one CUDA graph ({c['ops_per_graph']} all-reduces per "
+               f"graph, median of 5 rounds of {c['replays']} replays)")
     out = [f"# NCCL all-reduce sweep: {result['name']}\n\n", f"`{result['provenance']['command']}`\n\n",
-           f"{result['world_size']} ranks, {backend}, "
+           f"{result['world_size']} ranks, {how}, "
            f"messages hidden {c['hidden']} x tokens {list(c['tokens'])} x 2 bytes; base env {BASE_ENV}; "
-           f"{result['total_s']:.0f} s total.\n"]
-    if not c["dry_run"]:
-        out += [f"\n## Captured in one CUDA graph ({c['ops_per_graph']} all-reduces per graph, median of "
-                f"{c['replays']} replays), us per all-reduce\n\n", table("graph_us")]
-    out += ["\n## Host loop, back-to-back launches, us per all-reduce\n\n", table("host_loop_us"),
-            "\n## Host loop, one all-reduce + synchronise at a time (median), us\n\n", table("host_sync_us")]
+           f"{result['total_s']:.0f} s total. Microseconds per all-reduce:\n\n",
+           md_table(["setting"] + [_kb(b) for b in sizes] + ["geomean us", "vs default", "error"], rows)]
     for tag in ("best", "best_no_p2p"):
         b = result.get(tag)
         if b:
-            out.append(f"\n**{tag}** ({key}): {b['label']}, geomean {b['score_us']:.1f} us"
+            out.append(f"\n**{tag}**: {b['label']}, geomean {b['score_us']:.1f} us"
                        + (f" ({b['score_us'] / base:.2f}x default)" if base else "") + f" -> `{b['fragment']}`\n")
     return "".join(out)
 
@@ -264,24 +198,20 @@ def _kb(b: int) -> str:
     return f"{b / 1024:.0f} KB" if b < 1 << 20 else f"{b / (1 << 20):.2f} MB"
 
 
-def plot(results: list[ComboResult], cfg: SweepConfig, path: Path, title: str) -> Path:
+def plot(results: list[ComboResult], path: Path, title: str) -> Path:
     plt = pyplot()
-    keys = ([("graph_us", "captured in one CUDA graph")] if not cfg.dry_run else []) + \
-        [("host_sync_us", "host loop, synchronised per op")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(7 * len(keys), 5), squeeze=False)
-    for ax, (key, name) in zip(axes[0], keys):
-        for i, r in enumerate(results):
-            pts = [(x["bytes"] / 1024, x[key]) for x in r.rows if x.get(key)]
-            if pts:
-                ax.plot(*zip(*pts), marker=".", ls=":" if r.p2p_disabled else "-", color=plt.cm.tab20(i % 20),
-                        lw=2.5 if r.label == "default" else 1, label=r.label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message KB")
-        ax.set_ylabel("us per all-reduce")
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, ncol=2)
-    fig.suptitle(title)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, r in enumerate(results):
+        pts = [(x["bytes"] / 1024, x["us"]) for x in r.rows if x["us"]]
+        if pts:
+            ax.plot(*zip(*pts), marker=".", ls=":" if r.p2p_disabled else "-", color=plt.cm.tab20(i % 20),
+                    lw=2.5 if r.label == "default" else 1, label=r.label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message KB")
+    ax.set_ylabel("us per all-reduce")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    ax.set_title(title)
     return save_figure(fig, path)
 
 
@@ -291,8 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
     ap.add_argument("--ops-per-graph", type=int, default=100)
-    ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--host-ops", type=int, default=100)
+    ap.add_argument("--replays", type=int, default=20, help="back-to-back replays per timed round (5 rounds)")
     ap.add_argument("--no-p2p-disable", action="store_true", help="skip the NCCL_P2P_DISABLE=1 combinations")
     ap.add_argument("--only", help="comma list of combination labels to run (e.g. 'default,LL/Ring/P2P SYS')")
     ap.add_argument("--max-combos", type=int, default=0, help="run only the first N combinations (smoke tests)")
@@ -303,8 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     cfg = SweepConfig(hidden=args.hidden, tokens=tuple(int(t) for t in args.tokens.split(",")),
-                      ops_per_graph=args.ops_per_graph, replays=args.replays, host_ops=args.host_ops,
-                      dry_run=args.dry_run)
+                      ops_per_graph=args.ops_per_graph, replays=args.replays, dry_run=args.dry_run)
     combos = all_combos(not args.no_p2p_disable)
     if args.only:
         want = [w.strip() for w in args.only.split(",")]
@@ -320,30 +248,29 @@ def main(argv: list[str] | None = None) -> dict:
     for i, combo in enumerate(combos):
         r = run_combo(ctx, combo, args.nproc, cfg, args.combo_timeout)
         results.append(r)
-        s = score(r, "host_sync_us" if cfg.dry_run else "graph_us")
+        s = score(r)
         print(f"[{i + 1}/{len(combos)}] {combo.label:<22} {r.elapsed_s:5.1f} s  "
               + (f"geomean {s:.1f} us" if s else f"ERROR {r.error.strip().splitlines()[-1] if r.error else ''}"),
               flush=True)
-    key = "host_sync_us" if cfg.dry_run else "graph_us"
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = {"name": name, "world_size": args.nproc, "config": asdict(cfg), "base_env": BASE_ENV,
               "nccl_version": next((r.nccl_version for r in results if r.nccl_version), ""),
-              "total_s": time.time() - t0, "score": f"geometric mean of {key} over message sizes",
+              "total_s": time.time() - t0, "score": "geometric mean of us over message sizes",
               "results": [asdict(r) for r in results], "provenance": provenance(argv)}
     header = f"written by benchmarks/nccl_sweep.py ({result['provenance']['created']}, {name})"
     for tag, p2p_off, note in (
             ("best", False, "fastest setting with peer-to-peer on this machine"),
             ("best_no_p2p", True, "fastest with NCCL_P2P_DISABLE=1: an approximation of PCIe GPUs without P2P")):
-        b = pick(results, key, p2p_off)
+        b = pick(results, p2p_off)
         if b:
             frag = out / f"{name}-{tag.replace('_', '-')}.toml"
-            frag.write_text(fragment(b, key, note, header))
-            result[tag] = {"label": b.label, "env": b.env, "score_us": score(b, key), "fragment": str(frag)}
+            frag.write_text(fragment(b, note, header))
+            result[tag] = {"label": b.label, "env": b.env, "score_us": score(b), "fragment": str(frag)}
     write_json(out / f"{name}.json", result)
-    (out / f"{name}.md").write_text(markdown(result, results, key))
-    plot(results, cfg, out / f"{name}.png", f"all-reduce latency, {args.nproc} ranks ({name})")
-    print(markdown(result, results, key))
+    (out / f"{name}.md").write_text(markdown(result, results))
+    plot(results, out / f"{name}.png", f"all-reduce latency, {args.nproc} ranks ({name})")
+    print(markdown(result, results))
     return result
 
 
