@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_load import HELDOUT, load_prompts, run_load
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS, random_pair
 from engine.config import SpecConfig
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine
@@ -235,12 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     if min(args.steps) < 1:
         ap.error("--steps: chain step counts are >= 1 (plain decoding is always measured)")
     result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    out.with_suffix(".md").write_text(markdown(result))
-    plot(result, out.with_suffix(".png"))
-    print(markdown(result))
+    write_result(Path(args.out), result, markdown(result), plot)
     return result
 
 

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "cost_model"
@@ -212,11 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
                 result["predictions"].append({"label": "PREDICTION", "costs": c.name, "device": c.device,
                                               "source": src, "decode_ms": c.decode_ms, "rows": rows})
     result["provenance"] = provenance(argv)
-    out = Path(args.out_dir)
-    write_json(out / f"{result['name']}.json", result)
-    (out / f"{result['name']}.md").write_text(markdown(result))
-    plot(result, out / f"{result['name']}.png")
-    print(markdown(result))
+    write_result(Path(args.out_dir) / f"{result['name']}.json", result, markdown(result), plot)
     return result
 
 

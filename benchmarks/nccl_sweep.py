@@ -30,7 +30,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.server_proc import free_port
 from benchmarks.timing import time_ms
 
@@ -267,10 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
             frag = out / f"{name}-{tag.replace('_', '-')}.toml"
             frag.write_text(fragment(b, note, header))
             result[tag] = {"label": b.label, "env": b.env, "score_us": score(b), "fragment": str(frag)}
-    write_json(out / f"{name}.json", result)
-    (out / f"{name}.md").write_text(markdown(result, results))
     plot(results, out / f"{name}.png", f"all-reduce latency, {args.nproc} ranks ({name})")
-    print(markdown(result, results))
+    write_result(out / f"{name}.json", result, markdown(result, results))
     return result
 
 

@@ -37,7 +37,7 @@ import httpx
 import psutil
 
 from benchmarks import prom_text
-from benchmarks.report import provenance, write_json
+from benchmarks.report import md_table, provenance, write_result
 from benchmarks.server_proc import free_port, wait_healthy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -216,19 +216,18 @@ def run(url: str, pid: int | None, items: list[dict], concurrency: int, rounds: 
     return out
 
 
-def markdown(result: dict, command: str) -> str:
+def markdown(result: dict) -> str:
+    cols = ["round", "wall s", "tokens", "tok/s", "errors", "greedy compared", "outputs != alone", "sampled (bad)",
+            "dropped", "running, waiting after", "RSS MiB"]
+    rows = [[r["round"], r["wall_s"], r["tokens"], r["tok_s"], r["errors"], r["greedy_compared"], r["mismatches"],
+             f"{r['sampled']} ({r['sampled_bad']})", r["dropped"], f"{r['idle_running']:.0f}, {r['idle_waiting']:.0f}",
+             r["rss_mb"]] for r in result["rounds"]]
     lines = [f"# Reliability load: {result['requests']} streaming requests at concurrency {result['concurrency']}",
-             "", f"Command: `{command}`", "",
+             "", f"Command: `{result['provenance']['command']}`", "",
              f"Server: {result.get('server', '-')}", "",
              (f"Alone pass: {result['distinct']} distinct requests sequentially in {result['alone_s']} s, "
               f"{result['alone_errors']} errors. RSS before the rounds: {result['rss_mb_before']} MiB."), "",
-             "| round | wall s | tokens | tok/s | errors | greedy compared | outputs != alone | sampled (bad) "
-             "| dropped | running, waiting after | RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rounds"]:
-        lines.append(f"| {r['round']} | {r['wall_s']} | {r['tokens']} | {r['tok_s']} | {r['errors']} | "
-                     f"{r['greedy_compared']} | {r['mismatches']} | {r['sampled']} ({r['sampled_bad']}) | "
-                     f"{r['dropped']} | {r['idle_running']:.0f}, {r['idle_waiting']:.0f} | {r['rss_mb']} |")
+             md_table(cols, rows).rstrip("\n")]
     if "rss_growth_after_warmup" in result:
         lines += ["", f"RSS growth from round 2 to the last round: {100 * result['rss_growth_after_warmup']:.2f} %"]
     lines += ["", (f"Verdict: {'PASS' if passed(result) else 'FAIL'} (zero errors, every greedy output read to its end "
@@ -284,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     prov = provenance(argv)
-    out_dir = Path(args.out)
     proc, url, pid = None, args.url, args.pid
     if url is None:
         port = free_port()
@@ -308,9 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     result["server"] = (f"{started} (OMP_NUM_THREADS={args.threads or 'unset'}), {os.cpu_count()} CPU cores"
                         if proc is not None else url)
     result["provenance"] = prov
-    write_json(out_dir / f"load_{args.name}.json", result)
-    (out_dir / f"load_{args.name}.md").write_text(markdown(result, prov["command"]))
-    print(markdown(result, prov["command"]))
+    write_result(Path(args.out) / f"load_{args.name}.json", result, markdown(result))
     return 0 if passed(result) else 1
 
 

@@ -27,6 +27,18 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
+def write_result(path: Path, result: dict, markdown: str, plot=None) -> Path:
+    """A tool's outputs side by side: the result as JSON at `path` (….json), its markdown
+    beside it (.md, also printed) and, given `plot(result, png_path)`, its figure (.png)."""
+    write_json(path, result)
+    path.with_suffix(".md").write_text(markdown)
+    if plot is not None:
+        plot(result, path.with_suffix(".png"))
+    print(markdown)
+    print(f"wrote {path}")
+    return path
+
+
 def _jsonable(o):
     if hasattr(o, "to_dict"):
         return o.to_dict()

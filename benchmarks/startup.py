@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, write_json
+from benchmarks.report import md_table, provenance, write_result
 
 
 def child(args) -> dict:
@@ -95,14 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
               "provenance": provenance(argv)}
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, result)
         rows = [[kind, round(s["ready_s"], 1)] + [round(x["max_gap_ms"]) for x in s["loads"]]
                 for kind, s in starts.items()]
-        out.with_suffix(".md").write_text(
-            f"# Start-up {'without' if args.no_compile else 'with'} compile\n\n`{result['provenance']['command']}`\n\n"
-            + md_table(["start", "engine ready s"] + [f"max gap ms, c={c}" for c in args.concurrency], rows) + "\n")
+        table = md_table(["start", "engine ready s"] + [f"max gap ms, c={c}" for c in args.concurrency], rows)
+        title = f"# Start-up {'without' if args.no_compile else 'with'} compile"
+        write_result(Path(args.out), result, f"{title}\n\n`{result['provenance']['command']}`\n\n{table}")
     return result
 
 

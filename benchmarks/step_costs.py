@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import random_pair
 from benchmarks.timing import time_ms
 from engine.decoder import BatchDecoder, SpecConfig
@@ -176,12 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
          "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
          "dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."),
          "graphs": dev.type == "cuda", "compile": args.compile, **r, "provenance": provenance(argv)}
-    out = Path(args.out_dir)
-    path = write_json(out / f"{r['name']}.json", r)
-    (out / f"{r['name']}.md").write_text(markdown(r))
-    plot(r, out / f"{r['name']}.png")
-    print(markdown(r))
-    print(f"wrote {path}")
+    write_result(Path(args.out_dir) / f"{r['name']}.json", r, markdown(r), plot)
     return r
 
 

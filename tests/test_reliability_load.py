@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import reliability_load as rl
+from benchmarks.report import provenance
 from benchmarks.server_proc import wait_healthy
 from tests import server_harness as h
 
@@ -57,3 +58,5 @@ def test_sampled_neighbours_and_clients_hanging_up_change_no_greedy_output_and_l
         assert r["dropped"] > 0 and r["sampled"] > 0 and r["greedy_compared"] > 0
         assert (r["idle_running"], r["idle_waiting"]) == (0, 0), f"round {r['round']}: slots still held"
     assert rl.passed(result)
+    report = rl.markdown({**result, "provenance": provenance()})
+    assert "| round |" in report and "Verdict: PASS" in report
