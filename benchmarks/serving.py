@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 
 from benchmarks import prom_text
-from benchmarks.latency import Summary
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_json
+from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = PROJECT_ROOT / "shipped" / "data" / "heldout_prompts.jsonl"
@@ -224,8 +224,13 @@ def summarize(cfg: BenchConfig, results: list[RequestResult], duration: float,
 
 
 def _stats(samples: list[float], scale: float = 1.0) -> dict | None:
-    s = Summary.of(samples, scale)
-    return s.to_dict() if s else None
+    """Summary of samples as vLLM's benchmark_serving prints it (scale 1000: seconds to ms); None
+    for no samples."""
+    if not samples:
+        return None
+    a = np.asarray(samples, dtype=float) * scale
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "min": float(a.min()), "max": float(a.max()), "count": int(a.size)}
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -278,13 +283,6 @@ def plot(result: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def write_outputs(result: dict, out_dir: Path, name: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = out_dir / f"{name}.md"
-    md.write_text(markdown(result))
-    return [write_json(out_dir / f"{name}.json", result), md, plot(result, out_dir / f"{name}.png")]
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:8000")
@@ -311,9 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = asyncio.run(run_benchmark(cfg, prompts[args.warmup:], warmup=prompts[:args.warmup]))
     result["provenance"] = provenance(argv)
     name = args.name or f"serving-c{args.max_concurrency}-r{args.request_rate:g}"
-    paths = write_outputs(result, Path(args.out_dir), name)
-    print(markdown(result))
-    print("wrote " + ", ".join(str(p) for p in paths))
+    write_result(Path(args.out_dir) / f"{name}.json", result, markdown(result), plot)
     return result
 
 
