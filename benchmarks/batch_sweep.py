@@ -76,6 +76,7 @@ class Progress:
 
     def __init__(self, path: Path, resume: bool):
         self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = json.loads(path.read_text()) if resume and path.is_file() else {}
         self.rows: list[dict] = data.get("rows", [])
         self.plain_outputs: dict[str, list] = data.get("plain_outputs", {})
