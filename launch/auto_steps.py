@@ -38,6 +38,9 @@ def auto_setting(profile: Profile) -> tuple[SweepChoice | None, str]:
         return None, f"--steps auto: no step sweep at {path} (speculative.sweep_file); using {fallback}"
     try:
         result = json.loads(path.read_text())
+        if result.get("synthetic_acceptance"):  # a measuring device (random weights): never served
+            return None, (f"--steps auto: {path} is a SYNTHETIC-acceptance sweep of a random pair, not a measurement "
+                          f"of this pair; using {fallback}")
         best = result["best"]
         table = result.get("steps_by_batch") or None
         if table is not None:

@@ -186,6 +186,10 @@ def test_steps_auto_reads_the_sweep_file_the_profile_names(capsys, environ_resto
     sweep.write_text(json.dumps({"best": {"steps": 0, "topk": 1, "draft_tokens": 0}}))
     rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
     assert rc == 0 and "speculative  off" in out and "--speculative-algorithm" not in out
+    sweep.write_text(json.dumps({"best": {"steps": 3, "topk": 1, "draft_tokens": 4},
+                                 "synthetic_acceptance": [0.9, 0.8, 0.7]}))
+    rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
+    assert rc == 0 and "SYNTHETIC" in out and "--speculative-num-steps 2" in out  # never served
     sweep.write_text(json.dumps({"best": {"steps": 4, "topk": 1, "draft_tokens": 5},
                                  "steps_by_batch": {"1": 4, "4": 2, "16": 0}}))
     rc, out, _ = run_cli(capsys, "--dry-run", "--profile", prof, "--steps", "auto")
