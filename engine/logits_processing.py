@@ -37,8 +37,9 @@ class LogitsProcessor:
             self.bias = torch.zeros(vocab_size, device=device)
             self.bias[torch.tensor(list(bias), dtype=torch.long, device=device)] = torch.tensor(list(bias.values()),
                                                                                                 device=device)
-        self.stop_ids = torch.tensor(sorted(set(stop_ids) | set(params.stop_token_ids)), dtype=torch.long,
-                                     device=device)
+        # An id outside the vocabulary can never be emitted, so it needs no blocking (and cannot index).
+        stops = {i for i in set(stop_ids) | set(params.stop_token_ids) if 0 <= i < vocab_size}
+        self.stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device)
         self.emitted = 0
         self.grammars = grammars
         self.matcher = grammars.matcher(compiled) if compiled is not None else None

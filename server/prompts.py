@@ -87,13 +87,14 @@ def _encode(tokenizer, text: str, add_special_tokens: bool, param: str) -> list[
 
 def sampling_params(req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
                     max_context: int, vocab: int = 0) -> SamplingParams:
-    """`vocab`: the tokenizer's size, which logit_bias ids must lie below (0: unchecked)."""
+    """`vocab`: the tokenizer's size, which logit_bias and stop_token_ids ids must lie below (0: unchecked)."""
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
     bias = req.token_logit_bias
-    bad = next((t for t in bias if vocab and t >= vocab), None)
-    if bad is not None:
-        raise APIError(400, f"logit_bias: token id {bad} is outside the vocabulary [0, {vocab})", param="logit_bias",
-                       code="invalid_value")
+    for field, ids in (("logit_bias", bias), ("stop_token_ids", req.stop_token_ids or [])):
+        bad = next((t for t in ids if t < 0 or vocab and t >= vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{field}: token id {bad} is outside the vocabulary [0, {vocab or 'vocab'})",
+                           param=field, code="invalid_value")
     if prompt_len == 0:
         raise APIError(400, f"{param}: the prompt is empty", param=param, code="invalid_value")
     if max_context and prompt_len >= max_context:

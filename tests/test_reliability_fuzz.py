@@ -122,3 +122,24 @@ def test_values_that_once_killed_the_engine_are_served(fuzz_server, fields):
                    json={"prompt": "x", "max_tokens": 4, "seed": 1, **fields})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     assert httpx.get(fuzz_server.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("ids", [[-2199023255551], [2**40], [-1, 3]], ids=["huge-negative", "past-vocab", "minus-one"])
+def test_stop_token_ids_outside_the_vocabulary_are_a_400(fuzz_server, ids):
+    """Found by the fuzzing above: with min_tokens, stop_token_ids index the logits to block them,
+    and an id outside the vocabulary killed the engine thread (IndexError) for every client."""
+    r = httpx.post(fuzz_server.url + "/v1/completions", timeout=60,
+                   json={"prompt": "x", "max_tokens": 4, "min_tokens": 2, "stop_token_ids": ids})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids", r.text
+    assert httpx.get(fuzz_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_engine_ignores_stop_ids_it_can_never_emit():
+    """Behind the server's check, the engine itself does not index with an id outside the vocabulary."""
+    import torch
+
+    from engine.api import SamplingParams
+    from engine.logits_processing import LogitsProcessor
+    proc = LogitsProcessor(SamplingParams(min_tokens=2, stop_token_ids=[-7, 10**12, 5]), [1, 2], 16, "cpu", [3])
+    out = proc.apply(torch.zeros(1, 16), [[]])
+    assert torch.isinf(out[0, [3, 5]]).all() and torch.isfinite(out[0, [0, 1, 2, 4]]).all()
