@@ -15,7 +15,7 @@ same model). 1,200 steps: 20 minutes on 2 shared CPU cores:
     .venv/bin/python shipped/deepseek_tiny/build_target.py
 
 Held out: the stdlib modules named in shipped/data/heldout_modules.txt are not trained on; the
-loop's prompts (benchmarks/deepseek_tiny_loop.py) come from them.
+loop's prompts (shipped/deepseek_tiny/loop.py) come from them.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ DeepseekV3ForCausalLM, MLA + MoE, 8 layers); its vLLM settings are the profile
 cpu-vllm-deepseek's. Training captures the outputs of layers 2, 4 and 6, spread over the 8 layers
 as Kimi-K2.5's [2, 30, 58] are over its 61.
 
-    .venv/bin/python -m benchmarks.deepseek_tiny_loop --out runs/deepseek_tiny_loop \
+    .venv/bin/python -m shipped.deepseek_tiny.loop --out runs/deepseek_tiny_loop \
         --results benchmarks/results/deepseek_tiny_loop --ship shipped/deepseek_tiny/drafter
 
 writes <out>/result.json (and copies it, the training log and the vLLM export where asked);
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TARGET = ROOT / "shipped" / "deepseek_tiny" / "target"
 PROFILE = "cpu-vllm-deepseek"
