@@ -26,8 +26,7 @@ from drafter.target_head import TargetHead, TargetSpec, load_head_tensors
 from models.aux_layers import layer_outputs_for
 from models.eagle3_checkpoint import load_drafter
 from models.llama import load_target
-from models.tokenizer import build_tokenizer
-from tests.tiny import stdlib_texts
+from tests.tiny import make_hf_llama_target, stdlib_texts
 
 AUX = "0,1,2"
 TRAIN = ["--max-steps", "6", "--batch-size", "2", "--lr", "1e-3", "--ttt-length", "3", "--log-every", "2",
@@ -37,14 +36,9 @@ TRAIN = ["--max-steps", "6", "--batch-size", "2", "--lr", "1e-3", "--ttt-length"
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny random Llama target (4 layers) and 16 tokenized conversations with a 64-token draft vocab."""
-    from transformers import LlamaConfig, LlamaForCausalLM
     root = tmp_path_factory.mktemp("features")
     target = root / "target"
-    tok = build_tokenizer(stdlib_texts(4), 300, target)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                 eos_token_id=tok.eos_token_id, initializer_range=0.05)).save_pretrained(target)
+    make_hf_llama_target(target)
     lines = [s.strip() for t in stdlib_texts(4) for s in t.splitlines() if len(s.strip()) > 20][:32]
     convs = [[{"role": "user", "content": a}, {"role": "assistant", "content": b}]
              for a, b in zip(lines[::2], lines[1::2])]

@@ -10,20 +10,14 @@ from safetensors.torch import load_file
 from drafter.cli import main as drafter
 from drafter.train import lr_at
 from models.llama import load_target
-from models.tokenizer import build_tokenizer
-from tests.tiny import stdlib_texts
+from tests.tiny import make_hf_llama_target, stdlib_texts
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
     root = tmp_path_factory.mktemp("train")
     target = root / "target"
-    tok = build_tokenizer(stdlib_texts(4), 300, target)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                 eos_token_id=tok.eos_token_id, initializer_range=0.05)).save_pretrained(target)
+    make_hf_llama_target(target)
     lines = [s.strip() for s in stdlib_texts(4)[1].splitlines() if len(s.strip()) > 10][:24]
     prompts = root / "prompts.jsonl"
     pairs = [[{"role": "user", "content": a}, {"role": "assistant", "content": b}]

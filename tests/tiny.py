@@ -19,6 +19,18 @@ def stdlib_texts(n_files: int = 40) -> list[str]:
     return [Path(f).read_text(errors="replace") for f in files]
 
 
+def make_hf_llama_target(path: Path):
+    """A tiny random HF Llama target (4 layers, hidden 32) with a 300-token BPE tokenizer trained on
+    stdlib source, written by transformers itself; returns the tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = build_tokenizer(stdlib_texts(4), 300, path)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 eos_token_id=tok.eos_token_id, initializer_range=0.05)).save_pretrained(path)
+    return tok
+
+
 def make_target_dir(path: Path, vocab_size: int = 512, layers: int = 4, hidden: int = 64, seed: int = 0,
                     max_positions: int = 512, init_std: float = 0.02) -> Path:
     """Tokenizer + random-weight HF LlamaForCausalLM in `path`."""
