@@ -78,18 +78,25 @@ class CaptureJob:
 
 
 # -- engines -------------------------------------------------------------------------------
-class NativeCapture:
-    """Our Llama-family engine: layer outputs through LlamaModel's aux capture."""
+class _InProcess:
+    """A capture engine in this process: no temporary files, no token limit per call, nothing to stop."""
     max_tokens = None
+
+    def temp_bytes(self, tokens: int) -> int:
+        return 0
+
+    def close(self):
+        pass
+
+
+class NativeCapture(_InProcess):
+    """Our Llama-family engine: layer outputs through LlamaModel's aux capture."""
 
     def __init__(self, job: CaptureJob, spec: TargetSpec):
         from models.llama import load_target
         self.n = len(job.aux_layer_outputs)
         self.ids = [*job.aux_layer_outputs, last_layer_output(spec.num_hidden_layers)]   # outputs, as we capture
         self.model = load_target(job.target, dtype=DTYPES[job.dtype], device=job.device, aux_layer_ids=self.ids)
-
-    def temp_bytes(self, tokens: int) -> int:
-        return 0
 
     @torch.no_grad()
     def capture(self, seqs: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -99,9 +106,6 @@ class NativeCapture:
             aux = aux.view(s.numel(), self.n + 1, -1).cpu()
             out.append((aux[:, :self.n], aux[:, self.n]))
         return out
-
-    def close(self):
-        pass
 
 
 def _decoder_layers(decoder) -> torch.nn.ModuleList:
@@ -114,10 +118,9 @@ def _decoder_layers(decoder) -> torch.nn.ModuleList:
     return found[0]
 
 
-class TransformersCapture:
+class TransformersCapture(_InProcess):
     """Any HF architecture: `hidden_states[k + 1]` of the decoder is the output of layer k; the
     last layer's own output (HF's last entry is after the final norm) comes from a hook on it."""
-    max_tokens = None
 
     def __init__(self, job: CaptureJob, spec: TargetSpec):
         from transformers import AutoModelForCausalLM
@@ -131,9 +134,6 @@ class TransformersCapture:
         layer = _decoder_layers(self.decoder)[self.last]
         layer.register_forward_hook(lambda mod, args, out: self._last.append(out[0] if isinstance(out, tuple) else out))
 
-    def temp_bytes(self, tokens: int) -> int:
-        return 0
-
     @torch.no_grad()
     def capture(self, seqs: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
@@ -145,9 +145,6 @@ class TransformersCapture:
             aux = torch.stack([last if o == self.last else hs[o + 1][0] for o in self.outputs], dim=1)
             out.append((aux.cpu(), last.cpu()))
         return out
-
-    def close(self):
-        pass
 
 
 def make_engine(job: CaptureJob, spec: TargetSpec):
