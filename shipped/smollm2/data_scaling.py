@@ -6,7 +6,8 @@ For each N, `drafter train --limit-samples N` (the first N conversations, `--epo
 `drafter export`, then `drafter eval` on held-out prompts at steps 1..6. `--jobs` trains that
 many sizes at once, each followed by its eval (on one GPU, a small drafter's run leaves it
 mostly idle).
-Resumable: an N whose eval JSON exists is skipped, a run directory is resumed. Writes a JSON
+Resumable: an N whose eval JSON is in the work dir is not trained again (copy earlier runs' JSON
+there to add a size to their table), a run directory is resumed. Writes a JSON
 table, markdown and a PNG plot to --out-dir.
 
   python shipped/smollm2/data_scaling.py --target shipped/target --data runs/scaling/data \
@@ -47,6 +48,15 @@ def train_one(a, n: int, work: Path) -> Path:
          "--log-every", "50", "--device", a.device, *resume], log)
     run(["export", str(run_dir), str(draft), "--dtype", a.export_dtype], log)
     return draft
+
+
+def size_result(a, n: int, work: Path) -> list[dict]:
+    """The held-out eval of size n: from an earlier run if its JSON is in the work dir (nothing
+    trained again), else train, export and evaluate."""
+    result = work / f"eval_{n}.json"
+    if result.is_file():
+        return json.loads(result.read_text())
+    return eval_one(a, n, train_one(a, n, work), work)
 
 
 def eval_one(a, n: int, draft: Path, work: Path) -> list[dict]:
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in a.sizes.split(",")]
     with ThreadPoolExecutor(a.jobs) as pool:
-        evals = list(pool.map(lambda n: eval_one(a, n, train_one(a, n, work), work), sizes))
+        evals = list(pool.map(lambda n: size_result(a, n, work), sizes))
     rows = [{"samples": n, "steps": r["steps"], "accept_length": r["accept_length"], "per_position": r["per_position"]}
             for n, results in zip(sizes, evals) for r in results]
     (out / "data_scaling.json").write_text(json.dumps({"command": " ".join(sys.argv), "args": vars(a),
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
              "|---|" + "---|" * len(steps)]
     for n in sorted({r["samples"] for r in rows}):
         by = {r["steps"]: r["accept_length"] for r in rows if r["samples"] == n}
-        lines.append(f"| {n} | " + " | ".join(f"{by[s]:.2f}" for s in steps) + " |")
+        lines.append(f"| {n} | " + " | ".join(f"{by[s]:.2f}" if s in by else "-" for s in steps) + " |")
     (out / "data_scaling.md").write_text("Accept length on held-out prompts (greedy)\n\n" + "\n".join(lines) + "\n")
     plot(rows, out / "data_scaling.png")
     print("\n".join(lines))
