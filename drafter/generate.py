@@ -39,6 +39,11 @@ class Completion:
     text: str
     finish_reason: str | None
     token_ids: list[int] | None = None   # the exact generated ids, when the backend knows them
+    tokens: int = 0                      # how many it generated (the ids, or the response's usage)
+
+    def __post_init__(self):
+        if self.token_ids is not None:
+            self.tokens = len(self.token_ids)
 
 
 class GenerationFailed(RuntimeError):
@@ -106,9 +111,11 @@ class EndpointBackend:
             try:
                 r = await self.client.post(path, json=body)
                 if r.status_code == 200:
-                    choice = r.json()["choices"][0]
+                    data = r.json()
+                    choice, usage = data["choices"][0], data.get("usage") or {}
                     ids = choice.get("token_ids")
-                    return Completion(text(choice), choice.get("finish_reason"), ids if isinstance(ids, list) else None)
+                    return Completion(text(choice), choice.get("finish_reason"), ids if isinstance(ids, list) else None,
+                                      int(usage.get("completion_tokens") or 0))
                 error = f"HTTP {r.status_code}: {r.text[:300]}"
                 if r.status_code not in (408, 409, 429) and r.status_code < 500:
                     raise GenerationFailed(error)
@@ -201,11 +208,12 @@ async def regenerate_one(conv: Conversation, backend: Backend, p: GenParams) -> 
     UTF-8), and the drafter must see what the target saw."""
     if conv.raw_prompt is not None:
         c = await backend.complete_raw(conv.raw_prompt, dataclasses.replace(p, max_tokens=p.raw_max_tokens))
-        rec = {"id": conv.id, "prompt": conv.raw_prompt, "completion": c.text, "finish_reasons": [c.finish_reason]}
+        rec = {"id": conv.id, "prompt": conv.raw_prompt, "completion": c.text, "finish_reasons": [c.finish_reason],
+               "generated_tokens": c.tokens}
         if c.token_ids is not None:
             rec["completion_ids"] = [c.token_ids]
         return rec
-    msgs, finishes, turns, ids = [], [], 0, []
+    msgs, finishes, turns, ids, tokens = [], [], 0, [], 0
     for m in conv.messages:
         if m["role"] == "assistant":
             continue
@@ -217,8 +225,9 @@ async def regenerate_one(conv: Conversation, backend: Backend, p: GenParams) -> 
             msgs.append({"role": "assistant", "content": c.text})
             finishes.append(c.finish_reason)
             ids.append(c.token_ids)
+            tokens += c.tokens
             turns += 1
-    rec = {"id": conv.id, "messages": msgs, "finish_reasons": finishes}
+    rec = {"id": conv.id, "messages": msgs, "finish_reasons": finishes, "generated_tokens": tokens}
     if any(i is not None for i in ids):
         rec["completion_ids"] = ids
     return rec
@@ -257,7 +266,8 @@ async def within(time_limit_s: float, coro) -> bool:
 async def regenerate(convs: Iterable[Conversation], backend: Backend, out: Path, p: GenParams,
                      concurrency: int = 64, total: int | None = None, time_limit_s: float = 0) -> dict:
     """Stream conversations through `concurrency` workers; append each result as it finishes.
-    Stats count this run's conversations and generated tokens (exact ids) and its seconds."""
+    Stats count this run's conversations, generated tokens (exact ids, or the endpoint's usage)
+    and its seconds."""
     done = done_ids(out)
     failures = out.with_name(out.stem + ".failed.jsonl")
     stats = {"skipped": 0, "generated": 0, "failed": 0, "generated_tokens": 0}
@@ -275,7 +285,7 @@ async def regenerate(convs: Iterable[Conversation], backend: Backend, out: Path,
                     ff.flush()
                 else:
                     stats["generated"] += 1
-                    stats["generated_tokens"] += sum(len(ids or ()) for ids in rec.get("completion_ids", ()))
+                    stats["generated_tokens"] += rec["generated_tokens"]
                     f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     f.flush()
                 bar.update(1)

@@ -105,6 +105,7 @@ def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16
     ids = model.config.aux_layer_ids
     order = sorted(range(len(ids)), key=lambda k: ids[k])
     cfg = config_to_hf(dataclasses.replace(model.config, aux_layer_ids=[ids[k] for k in order]), serving_engine)
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")   # what the weights are stored in
     if extra:
         cfg["specserve"].update(extra)
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

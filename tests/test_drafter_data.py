@@ -51,7 +51,8 @@ def _server(fail_first: set, reject: set, state: dict):
                 return httpx.Response(503, json={"error": "busy"})
             assert body["temperature"] == 0.0 and body["max_tokens"] == 8
             return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": f"re:{prompt}"},
-                                                          "finish_reason": "stop"}]})
+                                                          "finish_reason": "stop"}],
+                                             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
         finally:
             state["inflight"] -= 1
     return httpx.MockTransport(handler)
@@ -76,6 +77,7 @@ def test_endpoint_concurrency_retries_and_resume(tmp_path):
     stats = asyncio.run(run({"q1", "q5"}, {"q7"}))
     assert {k: stats[k] for k in ("skipped", "generated", "failed", "finished")} == {
         "skipped": 0, "generated": 11, "failed": 1, "finished": True}
+    assert stats["generated_tokens"] == 11 * 2             # text only: counted from the responses' usage
     assert state["max_inflight"] <= 3
     assert state["calls"] == 12 + 2                       # two retried once, the rejected one not retried
     recs = [json.loads(line) for line in out.read_text().splitlines()]

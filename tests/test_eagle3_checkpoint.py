@@ -38,6 +38,7 @@ def test_round_trip_is_exact(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "float32"   # what is stored
 
 
 def test_format_matches_sglang(tmp_path):
