@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--steps: chain step counts are >= 1 (plain decoding is always measured)")
     result = run(args)
     write_result(Path(args.out), result, markdown(result), plot)
+    Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume
     return result
 
 
