@@ -3,16 +3,16 @@
 # warm machine (what a call writes under runs/ stays there while the machine is warm, ~30 s
 # between calls; each call must end within the 10-minute limit):
 #
-#   bash shipped/smollm2/gpu_build.sh part     # calls 1..7: the carried GGUF piece stays in runs/gguf_parts
-#   bash shipped/smollm2/gpu_build.sh data     # call 8: last piece -> GGUF (sha256 checked) -> HF folder;
+#   bash shipped/smollm2/gpu_build.sh part     # calls 1..8: the carried GGUF piece stays in runs/gguf_parts
+#   bash shipped/smollm2/gpu_build.sh data     # call 9: last piece -> GGUF (sha256 checked) -> HF folder;
 #                                              #   [the target writes prompts;] it answers them; shards; vocab
 #   bash shipped/smollm2/gpu_build.sh train    # calls 9..: train the drafter on all conversations (each call
 #                                              #   ends at TRAIN_S with a checkpoint; call again until done),
 #                                              #   export, add it to the scaling table, held-out evals at 1..6
 #
-# Why pieces: a call carries at most 64 MiB with the tree (50 MiB since the drafter, the DeepSeek tiny
-# pair and 6.6 MB of prompts ship), and the GGUF is 98 MB: `split -n 8 -d SmolLM2-135M-Instruct.Q4_1.gguf
-# runs/gguf_parts/part.` makes eight 12.3 MB pieces, call k carries runs/gguf_parts/part.0k (the
+# Why pieces: a call carries at most 64 MiB with the tree (51.3 MiB since the drafter, the DeepSeek tiny
+# pair and 6.6 MB of prompts ship), and the GGUF is 98 MB: `split -n 9 -d SmolLM2-135M-Instruct.Q4_1.gguf
+# runs/gguf_parts/part.` makes nine 10.9 MB pieces, call k carries runs/gguf_parts/part.0k (the
 # last one also .whl: the gguf and datasketch wheels). `data` may run again to add to the data.
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
 # the data are gone. Returns (data) $OUT/data.tgz: stats, logs; (train) $OUT/drafter.tgz.NN,
