@@ -54,8 +54,8 @@ def _documented_functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.As
             yield node
 
 
-def stubs_in(source: str, c: CodePromptsConfig) -> Iterator[tuple[str, str]]:
-    """(name, stub) per public documented function with a body: its source from `def` to the end
+def stubs_in(source: str, c: CodePromptsConfig) -> Iterator[str]:
+    """The stub of each public documented function with a body: its source from `def` to the end
     of its docstring, dedented (a method reads like a function)."""
     try:
         tree = ast.parse(source)
@@ -71,19 +71,20 @@ def stubs_in(source: str, c: CodePromptsConfig) -> Iterator[tuple[str, str]]:
         end = fn.body[0].end_lineno
         stub = textwrap.dedent("\n".join(lines[fn.lineno - 1:end])) + "\n"
         if stub.startswith(("def ", "async def ")):   # not a decorator line or a one-liner's tail
-            yield fn.name, stub
+            yield stub
 
 
 def collect(c: CodePromptsConfig) -> list[str]:
-    """Distinct stubs of all sources, in source order."""
+    """Distinct stubs of all sources, in source order (progress on stderr: a large tree takes a minute)."""
+    from tqdm import tqdm
     seen: set[str] = set()
     out: list[str] = []
-    for path in python_files(c.src, c.exclude):
+    for path in tqdm(list(python_files(c.src, c.exclude)), desc="read", unit="file"):
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        for _, stub in stubs_in(source, c):
+        for stub in stubs_in(source, c):
             if stub not in seen:
                 seen.add(stub)
                 out.append(stub)
