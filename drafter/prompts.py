@@ -88,6 +88,7 @@ def read_prompt_files(paths: list[str | Path], limit: int = 0) -> Iterator[Conve
         yield from read_prompts(paths[0], limit)
         return
     sizes = [max(1, count_lines(p)) for p in paths]
+
     def placed(i: int):
         return (((j + 0.5) / sizes[i], i, conv) for j, conv in enumerate(read_prompts(paths[i])))
 
