@@ -4,7 +4,8 @@
 # batch size, at concurrency 1 and 8, nine held-out chat prompts (one per category; 18 requests
 # at 8), 128 tokens, greedy. One server per side, sides one after another on an otherwise idle
 # 2-core machine. SIDES picks some: SIDES="table plain" bash benchmarks/results/batch_sweep/cpu_http/run.sh;
-# EXTRA adds flags to every side and TAG to the result names (EXTRA="--cpu-threads 2" TAG=_t2).
+# EXTRA adds flags to every side and TAG to the result names (EXTRA="--cpu-threads 2" TAG=_t2);
+# PROFILE serves another profile (PROFILE=cpu-fast TAG=_fast).
 #   bash benchmarks/results/batch_sweep/cpu_http/run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http
@@ -21,7 +22,7 @@ declare -A FLAGS=([table]="" [plain]="--no-spec" [chain1]="--steps 1" [chain2]="
 for name in ${SIDES:-table plain chain1 chain2 chain3}; do
     flags=${FLAGS[$name]}
     name=$name${TAG:-}
-    .venv/bin/specserve --profile cpu-default --port $PORT $flags ${EXTRA:-} > $OUT/server_$name.log 2>&1 &
+    .venv/bin/specserve --profile ${PROFILE:-cpu-default} --port $PORT $flags ${EXTRA:-} > $OUT/server_$name.log 2>&1 &
     pid=$!
     .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:$PORT', timeout_s=600)"
     for c in 1 8; do
