@@ -44,15 +44,15 @@ class DataConfig:
     max_context: int = 0              # 0: the model's (size the KV cache: max_batch rows of it)
     drop_system: float = 0.0          # share of conversations answered without their system messages
 
+    def __post_init__(self):
+        if isinstance(self.prompts, str):
+            self.prompts = [self.prompts]
+
 
 def system_dropped(conv_id: str, share: float) -> bool:
     """Whether this conversation goes out without its system messages: a hash of its id, so a
     resumed or repeated run drops the same ones."""
     return int(hashlib.sha1(conv_id.encode()).hexdigest()[:8], 16) < share * 2 ** 32
-
-
-def _files(c: DataConfig) -> list[str]:
-    return [c.prompts] if isinstance(c.prompts, str) else list(c.prompts)
 
 
 async def _generate(c: DataConfig, out: Path) -> dict:
@@ -64,10 +64,10 @@ async def _generate(c: DataConfig, out: Path) -> dict:
                            request_token_ids=c.request_token_ids)
     await backend.start()
     try:
-        total = sum(count_lines(p) for p in _files(c))
+        total = sum(count_lines(p) for p in c.prompts)
         total = min(total, c.limit) if c.limit else total
         convs = (conv.without_system() if system_dropped(conv.id, c.drop_system) else conv
-                 for conv in read_prompt_files(_files(c), c.limit))
+                 for conv in read_prompt_files(c.prompts, c.limit))
         return await regenerate(convs, backend, out, c.gen or GenParams(),
                                 concurrency=c.concurrency, total=total, time_limit_s=c.time_limit_s)
     finally:
@@ -77,7 +77,7 @@ async def _generate(c: DataConfig, out: Path) -> dict:
 def _copy_responses(c: DataConfig, out: Path) -> dict:
     with open(out, "w", encoding="utf-8") as f:
         n = 0
-        for conv in read_prompt_files(_files(c), c.limit):
+        for conv in read_prompt_files(c.prompts, c.limit):
             f.write(json.dumps({"id": conv.id, "messages": conv.messages, "finish_reasons": []},
                                ensure_ascii=False) + "\n")
             n += 1

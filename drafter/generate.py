@@ -39,11 +39,12 @@ class Completion:
     text: str
     finish_reason: str | None
     token_ids: list[int] | None = None   # the exact generated ids, when the backend knows them
-    tokens: int = 0                      # how many it generated (the ids, or the response's usage)
+    usage_tokens: int = 0                # the response's usage.completion_tokens, when it sent no ids
 
-    def __post_init__(self):
-        if self.token_ids is not None:
-            self.tokens = len(self.token_ids)
+    @property
+    def tokens(self) -> int:
+        """How many tokens it generated."""
+        return len(self.token_ids) if self.token_ids is not None else self.usage_tokens
 
 
 class GenerationFailed(RuntimeError):

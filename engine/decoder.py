@@ -85,7 +85,7 @@ def intra_op_threads(n: int):
 class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
-                 fast_greedy: bool = True, compile: bool = False):
+                 fast_greedy: bool = True, compile: bool = False, prefill_threads: int = 0):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -118,7 +118,7 @@ class BatchDecoder:
         # minute or more on GPU (`--compile` turns it on; warm_up does it before serving, and
         # inductor's cache, TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
         self.compiled = compile
-        self.prefill_threads = 0  # CPU intra-op threads for prefill forwards (0: as decode)
+        self.prefill_threads = prefill_threads  # CPU intra-op threads for prefill forwards (0: as decode)
         self._fns = {"plain": plain_greedy, "chain": chain_greedy}
         self._fns_rows = self._fns
         if self.compiled:

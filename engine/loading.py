@@ -133,9 +133,8 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         models = loaded or LoadedModels.load(args)
         target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
-        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile)
-        if device.type == "cpu":
-            decoder.prefill_threads = prefill_threads(args.cpu_threads)
+        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
+                               prefill_threads=prefill_threads(args.cpu_threads) if device.type == "cpu" else 0)
         if args.compile:
             t0 = time.perf_counter()
             decoder.warm_up(args.compile_max_batch)
