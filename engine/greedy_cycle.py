@@ -6,8 +6,14 @@ after the last accepted draft, and the drafter extend runs at fixed width S + 1 
 unused tail masked by position. Fixed shapes let engine/cuda_graphs.py capture a whole
 step — draft, verify, accept, extend, state update — in one CUDA graph.
 
-Both functions read and update the decoder's device state (lens_dev, pending, draft_logits,
-draft_hidden) and return (tokens [B, W], counts [B]): row b produced tokens[b, :counts[b]].
+The step functions read and update the decoder's device state (lens_dev, pending, draft_logits,
+draft_hidden, and the drafter's backlog lag_*) and return (tokens [B, W], counts [B]): row b
+produced tokens[b, :counts[b]].
+
+At 0 draft steps (a steps table's choice for large batches) the drafter is not needed until
+drafting resumes, so `deferred_greedy` only verifies the pending token and keeps what the
+drafter would have read; `drafter_catch_up` runs the drafter over that backlog in one forward
+(its weights read once, not once a token) before the next draft, or when the backlog is full.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import torch
 
 from engine.draft_tree import chain_draft_step
 from engine.masks import block_inputs, causal
+from models.layers import AttnInputs
 
 
 def plain_greedy(dec, rows: int, span: int, steps: int = 0):
@@ -28,8 +35,46 @@ def plain_greedy(dec, rows: int, span: int, steps: int = 0):
     return new.unsqueeze(1), torch.ones_like(new)
 
 
+def deferred_greedy(dec, rows: int, span: int, steps: int = 0):
+    """A plain step that keeps the drafter's input: the new token and the target's aux states at
+    the pending one, at backlog index lag_dev (clamped: padding rows count up too)."""
+    base = dec.lens_dev[:rows]
+    dev = base.device
+    inputs = block_inputs(base, torch.ones(rows, 1, 1, dtype=torch.bool, device=dev),
+                          torch.zeros(rows, 1, dtype=torch.long, device=dev), span)
+    out = dec.target(dec.pending[:rows].unsqueeze(1), inputs, capture_aux=True)
+    new = out.logits[:, 0].argmax(-1)
+    pick = torch.arange(rows, device=dev)
+    at = dec.lag_dev[:rows].clamp(max=dec.lag_tokens.shape[1] - 1)
+    dec.lag_tokens[pick, at] = new
+    dec.lag_aux[pick, at] = out.aux_hidden[:, 0]
+    dec.lag_dev[:rows] += 1
+    dec.pending[:rows] = new
+    dec.lens_dev[:rows] += 1
+    return new.unsqueeze(1), torch.ones_like(new)
+
+
+def drafter_catch_up(dec, rows: int, lens: torch.Tensor, span: int, width: int) -> None:
+    """The drafter over each row's backlog (lag_dev[b] entries, at positions lens[b] - lag ..
+    lens[b] - 1), `width` = the largest backlog. A shorter backlog repeats its last entry (same
+    token, state and position, so the same key and value rewritten), which makes the last
+    column every row's newest position. Rows without a backlog keep their draft state."""
+    lag = dec.lag_dev[:rows]
+    j = torch.minimum(torch.arange(width, device=lens.device).view(1, -1), (lag - 1).clamp(min=0).view(-1, 1))
+    tokens = dec.lag_tokens[:rows].gather(1, j)
+    aux = dec.lag_aux[:rows].gather(1, j.unsqueeze(-1).expand(-1, -1, dec.lag_aux.shape[-1]))
+    pos = (lens - lag).view(-1, 1) + j                                               # [B, W]
+    mask = torch.arange(span, device=lens.device).view(1, 1, -1) <= pos.unsqueeze(-1)
+    d = dec.drafter(tokens, aux, AttnInputs(positions=pos, slots=pos, mask=mask.unsqueeze(1)),
+                    logits_at=torch.full((rows, 1), width - 1, device=lens.device))
+    behind = (lag > 0).unsqueeze(1)
+    dec.draft_logits[:rows] = torch.where(behind, d.logits[:, 0], dec.draft_logits[:rows])
+    dec.draft_hidden[:rows] = torch.where(behind, d.hidden[:, 0], dec.draft_hidden[:rows])
+    dec.lag_dev[:rows] = 0
+
+
 def chain_greedy(dec, rows: int, span: int, steps: int):
-    """`steps` drafts (0: the pending token alone is verified and extended)."""
+    """`steps` >= 1 drafts, verified, accepted, and the drafter extended over what was emitted."""
     drafter, dev = dec.drafter, dec.device
     base = dec.lens_dev[:rows].clone()
     logits, hidden = dec.draft_logits[:rows], dec.draft_hidden[:rows]
@@ -52,10 +97,10 @@ def chain_greedy(dec, rows: int, span: int, steps: int):
     idx = torch.arange(n, device=dev).unsqueeze(0)
     # Emitted tokens: accepted drafts then the bonus; the same sequence feeds the drafter extend.
     emitted = torch.where(idx < accepted.unsqueeze(1), torch.cat([chain[:, 1:], bonus], 1), bonus)
-    d = drafter(emitted, out.aux_hidden, block_inputs(base, causal(rows, n, dev), depth, span))
-    pick = torch.arange(rows, device=dev)
-    dec.draft_logits[:rows] = d.logits[pick, accepted]
-    dec.draft_hidden[:rows] = d.hidden[pick, accepted]
+    d = drafter(emitted, out.aux_hidden, block_inputs(base, causal(rows, n, dev), depth, span),
+                logits_at=accepted.unsqueeze(1))
+    dec.draft_logits[:rows] = d.logits[:, 0]
+    dec.draft_hidden[:rows] = d.hidden[:, 0]
     dec.pending[:rows] = bonus[:, 0]
     dec.lens_dev[:rows] = base + accepted + 1
     return emitted, accepted + 1

@@ -78,8 +78,11 @@ class Eagle3Drafter(nn.Module):
                                                    w.dtype, w.device)
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, inputs: AttnInputs | None = None,
-                positions: torch.Tensor | None = None) -> DraftOutput:
-        """tokens [B, T]; hidden [B, T, 3*H_target] (target aux states) or [B, T, H] (own output)."""
+                positions: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> DraftOutput:
+        """tokens [B, T]; hidden [B, T, 3*H_target] (target aux states) or [B, T, H] (own output).
+        logits_at: optional [B, K] indices into T; the output (logits and hidden) is only there,
+        so a forward that writes T positions' keys and values scores one (lm_head is about half
+        the drafter's weights)."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
         if inputs is not None:
@@ -89,6 +92,8 @@ class Eagle3Drafter(nn.Module):
         emb = self.embed_tokens(tokens).to(hidden.dtype)
         cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)
         out = self.midlayer(emb, hidden, cos, sin, inputs)
+        if logits_at is not None:
+            out = torch.gather(out, 1, logits_at.unsqueeze(-1).expand(-1, -1, out.shape[-1]))
         return DraftOutput(logits=self.lm_head(self.norm(out)), hidden=out)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

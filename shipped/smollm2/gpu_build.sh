@@ -13,7 +13,7 @@
 # Why pieces: a call carries at most 64 MiB with the tree (51.3 MiB since the drafter, the DeepSeek tiny
 # pair and 6.6 MB of prompts ship), and the GGUF is 98 MB: `split -n 9 -d SmolLM2-135M-Instruct.Q4_1.gguf
 # runs/gguf_parts/part.` makes nine 10.9 MB pieces, call k carries runs/gguf_parts/part.0k (the
-# last one also .whl: the gguf and datasketch wheels). `data` may run again to add to the data.
+# last one also .whl: `make device-wheels`). `data` may run again to add to the data.
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
 # the data are gone. Returns (data) $OUT/data.tgz: stats, logs; (train) $OUT/drafter.tgz.NN,
 # pieces of one tarball (cat them): the drafter, scaling table/plot, eval JSON, logs.
