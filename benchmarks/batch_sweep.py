@@ -5,7 +5,7 @@ one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, 
 EOS), this measures plain decoding and chains of each --steps at each --concurrency, then
 picks per concurrency the step count with the highest output throughput (0: the table drafts
 nothing at that load) and serves the prompts again with that table in force, next to plain
-decoding. Every output is compared with plain decoding's (greedy: nothing may change; in
+decoding again. Every output is compared with plain decoding's (greedy: nothing may change; in
 bf16 verify products round differently, so a mismatch count is reported, not assumed 0).
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
@@ -102,47 +102,56 @@ def measure(engine, prompts, concurrency, args, label, steps, progress: Progress
           f"accept {r.accept_length:.2f}  max gap {r.max_gap_s * 1000:.0f} ms  mismatches {mismatches}", flush=True)
 
 
-def choose_table(rows: list[dict], concurrencies: list[int]) -> dict[str, int]:
-    """Per concurrency, the speculative step count with the highest throughput (0 when plain
-    decoding beat every chain there)."""
+def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0.0) -> dict[str, int]:
+    """Per concurrency, the speculative step count with the highest throughput, where it beats
+    plain decoding by more than `min_gain` (a share); else 0. A gain inside the run-to-run
+    noise is no reason to draft: at 0 steps a step costs about a plain one (engine/greedy_cycle.py),
+    a chain that only measured level with plain may well run below it."""
     table = {}
     for c in concurrencies:
-        here = [r for r in rows if r["concurrency"] == c]
-        best = max(here, key=lambda r: r["throughput"])
-        table[str(c)] = best["steps"] if best["setting"] != "plain" else 0
+        plain = next(r["throughput"] for r in rows if r["concurrency"] == c and r["setting"] == "plain")
+        chains = [r for r in rows if r["concurrency"] == c and r["setting"] != "plain"]
+        best = max(chains, key=lambda r: r["throughput"], default=None)
+        table[str(c)] = best["steps"] if best and best["throughput"] > plain * (1 + min_gain) else 0
     return table
 
 
 def run(args) -> dict:
+    """Settings interleave at each concurrency (plain, then every chain; later plain again beside
+    the chosen table), so a machine whose speed drifts during the sweep (this project's shared
+    CPU slowed by a third within half an hour) biases no ratio: each is against the plain run
+    next to it."""
     steps = sorted(set(args.steps))
     loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
-    if not all(progress.done("plain", c) for c in cs):
-        plain = build(args, loaded, None)
-        for c in cs:
-            measure(plain, prompts, c, args, "plain", 0, progress)
-        plain.stop_blocking()
+    plain = build(args, loaded, None)
     spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
-    for s in reversed(steps):
-        if all(progress.done(f"chain {s}", c) for c in cs):
-            continue
-        spec.decoder.set_steps_table(((max(cs), s),))
-        spec.decoder.warm_up(max(cs))
-        for c in cs:
-            measure(spec, prompts, c, args, f"chain {s}", s, progress)
-    rows = [r for r in progress.rows if r["setting"] != "table"]
-    table = choose_table(rows, cs)
+
+    def chain(table: tuple, label: str, c: int, n_steps: int) -> None:
+        if not progress.done(label, c):
+            spec.decoder.set_steps_table(table)
+            spec.decoder.warm_up(max(cs))
+            measure(spec, prompts, c, args, label, n_steps, progress)
+
+    for c in cs:
+        measure(plain, prompts, c, args, "plain", 0, progress)
+        for s in reversed(steps):
+            chain(((max(cs), s),), f"chain {s}", c, s)
+    rows = [r for r in progress.rows if r["setting"] not in ("table", "plain again")]
+    table = choose_table(rows, cs, args.min_gain)
     if any(table.values()):
-        spec.decoder.set_steps_table(tuple((int(c), s) for c, s in table.items()))
-        spec.decoder.warm_up(max(cs))
         for c in cs:
-            measure(spec, prompts, c, args, "table", table[str(c)], progress)
+            measure(plain, prompts, c, args, "plain again", 0, progress)
+            chain(tuple((int(k), s) for k, s in table.items()), "table", c, table[str(c)])
+    plain.stop_blocking()
     spec.stop_blocking()
-    table_rows = [r for r in progress.rows if r["setting"] == "table"]
-    plain_at = {r["concurrency"]: r for r in rows if r["setting"] == "plain"}
+    later = ("plain again", "table")
+    table_rows = [r for r in progress.rows if r["setting"] in later]
+    plain_at = {(r["setting"] in later, r["concurrency"]): r for r in progress.rows
+                if r["setting"] in ("plain", "plain again")}
     for r in rows + table_rows:
-        base = plain_at[r["concurrency"]]
+        base = plain_at[(r["setting"] in later, r["concurrency"])]
         r["x_plain_throughput"] = r["throughput"] / base["throughput"]
         r["x_plain_request"] = r["request_tok_s"] / base["request_tok_s"] if base["request_tok_s"] else None
     at1 = [r for r in rows if r["concurrency"] == min(args.concurrency)]
@@ -154,7 +163,7 @@ def run(args) -> dict:
                     "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
             "settings": {k: getattr(args, k) for k in ("steps", "concurrency", "num_prompts", "rounds", "max_tokens",
                                                      "max_context", "prompts", "ignore_eos", "gguf_q4",
-                                                     "prompt_len")},
+                                                     "prompt_len", "min_gain")},
             "best": {"steps": best1["steps"], "topk": 1, "draft_tokens": best1["steps"] + 1 if best1["steps"] else 0,
                      "tok_s": best1["throughput"], "setting": best1["setting"]},
             "steps_by_batch": table if any(table.values()) else None,
@@ -181,7 +190,7 @@ def plot(result: dict, path: Path) -> Path:
     settings = dict.fromkeys(r["setting"] for r in result["rows"] + result["table_rows"])
     for name in settings:
         rs = [r for r in result["rows"] + result["table_rows"] if r["setting"] == name]
-        style = "k--" if name == "plain" else ("r-o" if name == "table" else "-o")
+        style = {"plain": "k--", "plain again": "k:", "table": "r-o"}.get(name, "-o")
         ax.plot([r["concurrency"] for r in rs], [r["throughput"] for r in rs], style, label=name, lw=2 if
                 name in ("plain", "table") else 1)
         ax2.plot([r["concurrency"] for r in rs], [r["x_plain_throughput"] for r in rs], style, label=name)
@@ -219,6 +228,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gguf-q4", action="store_true", help="keep a GGUF's 4-bit projections (CPU)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every shape before timing")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
+    ap.add_argument("--min-gain", type=float, default=0.03,
+                    help="draft at a concurrency only where a chain beats plain by more than this share")
     ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
     ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
     args = ap.parse_args(argv)

@@ -35,7 +35,8 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     table = result["steps_by_batch"]
     if table is not None:  # some chain beat plain decoding somewhere: the table was served again
         assert set(table) == {"1", "2"} and parse_steps_table(table)
-        assert [(r["concurrency"], r["steps"]) for r in result["table_rows"]] == [(1, table["1"]), (2, table["2"])]
+        assert [(r["setting"], r["concurrency"], r["steps"]) for r in result["table_rows"]] == [
+            ("plain again", 1, 0), ("table", 1, table["1"]), ("plain again", 2, 0), ("table", 2, table["2"])]
     profile = resolve("reference").profile
     profile.speculative.sweep_file = str(out)
     choice, message = auto_setting(profile)
@@ -69,3 +70,13 @@ def test_bad_flags_name_what_is_wrong(tmp_path, capsys):
         with pytest.raises(SystemExit):
             batch_sweep.main(argv + ["--out", str(tmp_path / "x.json")])
         assert message in capsys.readouterr().err
+
+
+def test_the_table_drafts_only_past_the_noise_margin():
+    """A chain goes into the table where it beats plain decoding by more than --min-gain."""
+    rows = [dict(setting=s, steps=k, concurrency=c, throughput=t) for s, k, c, t in [
+        ("plain", 0, 1, 100.0), ("chain 1", 1, 1, 130.0), ("chain 2", 2, 1, 125.0),
+        ("plain", 0, 8, 100.0), ("chain 1", 1, 8, 102.0), ("chain 2", 2, 8, 90.0),
+        ("plain", 0, 16, 100.0), ("chain 1", 1, 16, 80.0)]]
+    assert batch_sweep.choose_table(rows, [1, 8, 16], min_gain=0.03) == {"1": 1, "8": 0, "16": 0}
+    assert batch_sweep.choose_table(rows, [1, 8, 16]) == {"1": 1, "8": 1, "16": 0}
