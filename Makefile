@@ -47,7 +47,7 @@ serve: install
 
 test: install-dev vllm-venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)  # the slowest 15: what to trim when the suite grows
 
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
