@@ -24,33 +24,34 @@ from engine.masks import block_inputs, causal
 from models.layers import AttnInputs
 
 
-def plain_greedy(dec, rows: int, span: int, steps: int = 0):
+def _pending_step(dec, rows: int, span: int, capture_aux: bool = False):
+    """The target over each row's pending token alone, which becomes its greedy next token:
+    (that token [B], the target's output)."""
     base = dec.lens_dev[:rows]
     dev = base.device
     inputs = block_inputs(base, torch.ones(rows, 1, 1, dtype=torch.bool, device=dev),
                           torch.zeros(rows, 1, dtype=torch.long, device=dev), span)
-    new = dec.target(dec.pending[:rows].unsqueeze(1), inputs).logits[:, 0].argmax(-1)
+    out = dec.target(dec.pending[:rows].unsqueeze(1), inputs, capture_aux=capture_aux)
+    new = out.logits[:, 0].argmax(-1)
     dec.pending[:rows] = new
     dec.lens_dev[:rows] += 1
+    return new, out
+
+
+def plain_greedy(dec, rows: int, span: int, steps: int = 0):
+    new, _ = _pending_step(dec, rows, span)
     return new.unsqueeze(1), torch.ones_like(new)
 
 
 def deferred_greedy(dec, rows: int, span: int, steps: int = 0):
     """A plain step that keeps the drafter's input: the new token and the target's aux states at
     the pending one, at backlog index lag_dev (clamped: padding rows count up too)."""
-    base = dec.lens_dev[:rows]
-    dev = base.device
-    inputs = block_inputs(base, torch.ones(rows, 1, 1, dtype=torch.bool, device=dev),
-                          torch.zeros(rows, 1, dtype=torch.long, device=dev), span)
-    out = dec.target(dec.pending[:rows].unsqueeze(1), inputs, capture_aux=True)
-    new = out.logits[:, 0].argmax(-1)
-    pick = torch.arange(rows, device=dev)
+    new, out = _pending_step(dec, rows, span, capture_aux=True)
+    pick = torch.arange(rows, device=new.device)
     at = dec.lag_dev[:rows].clamp(max=dec.lag_tokens.shape[1] - 1)
     dec.lag_tokens[pick, at] = new
     dec.lag_aux[pick, at] = out.aux_hidden[:, 0]
     dec.lag_dev[:rows] += 1
-    dec.pending[:rows] = new
-    dec.lens_dev[:rows] += 1
     return new.unsqueeze(1), torch.ones_like(new)
 
 
