@@ -19,10 +19,15 @@ TARGETS = {
     "8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
                       rope_theta=500000.0),
+    # SmolLM2-135M-Instruct, the embedded default (its drafter: shipped/smollm2/drafter, draft vocabulary 8192):
+    # stands in for the real pair where its 98 MB GGUF does not travel (a device call carries 64 MiB)
+    "smollm2": LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                           num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                           rope_theta=100000.0, tie_word_embeddings=True),
     "tiny": LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024),
 }
-DRAFT_VOCAB = {"8b": 32000, "tiny": 256}
+DRAFT_VOCAB = {"8b": 32000, "smollm2": 8192, "tiny": 256}
 
 
 def drafter_config(target: LlamaConfig, draft_vocab: int, aux_layer_ids: list[int]) -> Eagle3Config:

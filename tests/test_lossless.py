@@ -383,39 +383,14 @@ def test_deferred_drafter_catches_up_to_extending_every_step(models):
     step. Rows joining at different times (backlogs of different lengths), more 0-step steps
     than the backlog holds and a moved row: both leave the same draft state, so drafting
     resumes with the same drafts, the same acceptance and the solo greedy outputs."""
-    from engine.decoder import LAG_STEPS
+    from tests.deferral_schedule import run_deferral_schedule
     spec = SpecConfig(3, steps_by_batch=((1, 3), (2, 0), (3, 0)))
-    prompts = models["prompts"]
-    runs = {}
-    for fast in (True, False):
-        dec = BatchDecoder(models["target"], models["drafters"]["fitted"], spec, max_batch=3, max_context=512,
-                           fast_greedy=fast)
-        outs, accepted = [[dec.prefill(0, prompts[0], greedy())], [], []], []
-
-        def run(rows: int, n_steps: int) -> None:
-            for _ in range(n_steps):
-                results = dec.step(rows, greedy(rows))
-                for i, r in enumerate(results):
-                    outs[i] += r.tokens
-                accepted.append([r.accepted for r in results])
-
-        outs[1] = [dec.prefill(1, prompts[1], greedy())]
-        run(2, 5)
-        outs[2] = [dec.prefill(2, prompts[2], greedy())]
-        run(3, LAG_STEPS + 3)   # backlogs 5 + 11 = LAG_STEPS (row 2: 11): all caught up, then 8 more
-        if fast:
-            assert dec.lag[:3] == [8, 8, 8]
-        dec.move_row(2, 0)      # row 0 leaves, row 2 takes its place
-        done, outs[0], outs[2] = outs[0], outs[2], []
-        run(2, 2)
-        if fast:                # what a drafting step does first, for both rows
-            assert dec.lag[:2] == [10, 10]
-            dec._catch_up(2, dec._lens(2), dec._span(2, 0))
-        cache, n = dec.drafter.midlayer.self_attn.kv_cache, min(dec.lens[:2])
-        state = [t[:2].clone() for t in (dec.draft_logits, dec.draft_hidden, cache.k[:2, :, :n], cache.v[:2, :, :n])]
-        run(1, 3)               # one row at 3 drafts
-        runs[fast] = dict(state=state, accepted=accepted, outs=[done, outs[0], outs[1]])
+    runs = {fast: run_deferral_schedule(BatchDecoder(models["target"], models["drafters"]["fitted"], spec,
+                                                     max_batch=3, max_context=512, fast_greedy=fast),
+                                        models["prompts"])
+            for fast in (True, False)}
     fast, general = runs[True], runs[False]
+    assert fast["lags"] == [[8, 8, 8], [10, 10]]
     for a, b in zip(fast["state"], general["state"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert fast["accepted"] == general["accepted"] and max(map(max, fast["accepted"][-3:])) > 0
