@@ -135,6 +135,7 @@ def run(args) -> dict:
         if progress.done(label, c):
             return
         if table != warmed:
+            spec.wait_idle()
             spec.decoder.set_steps_table(table)
             spec.decoder.warm_up(max(cs))
             warmed = table

@@ -118,6 +118,16 @@ class NativeEngine:
     def load(self) -> tuple[int, int]:
         return len(self._active), self._n_waiting
 
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Block until the engine thread holds no request and no step in flight: a request's last
+        delta reaches its client before the thread collects a step launched ahead. For tools
+        that change the decoder between runs (a sweep's steps table); the server never calls it."""
+        end = time.monotonic() + timeout
+        while self._active or self._n_waiting or self._next is not None or self.decoder._in_flight:
+            if time.monotonic() > end:
+                raise TimeoutError(f"the engine is still busy after {timeout:.0f} s")
+            time.sleep(0.002)
+
     async def start(self) -> None:
         await asyncio.to_thread(self.start_blocking)
 
