@@ -98,9 +98,12 @@ class BatchDecoder:
         self.span_multiple = span_multiple
         self.fast_greedy = fast_greedy
         self.device = target.embed_tokens.weight.device
-        target.setup_cache(max_batch, self.cache_len)
+        # Compiled steps take a symbolic span (_span_from_ref); a span equal to the cache's length
+        # would be specialized (the cache slice is then the whole cache): one spare position.
+        alloc = self.cache_len + (1 if compile else 0)
+        target.setup_cache(max_batch, alloc)
         if self.spec:
-            drafter.setup_cache(max_batch, self.cache_len)
+            drafter.setup_cache(max_batch, alloc)
         self.lens = [0] * max_batch                                   # committed target cache length
         self._in_flight = 0                                           # launched, not yet collected
         # Launch a step before reading the previous one? On GPU it keeps the device busy; on
@@ -124,12 +127,13 @@ class BatchDecoder:
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
         # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear)
-        # that COMPILE_OPTIONS tune. The attention span is fixed to the cache length. Batch 1
-        # compiles with static shapes; larger (padded) batches share one compile with a dynamic
-        # batch dimension (their products are GEMMs, nothing to tune), so the engine compiles two
-        # graphs per step count, not one per batch size. Off by default: each compile takes a
-        # minute or more on GPU (`--compile` turns it on; warm_up does it before serving, and
-        # inductor's cache, TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
+        # that COMPILE_OPTIONS tune. Batch 1 compiles with static shapes; larger (padded) batches
+        # share one compile with a dynamic batch dimension (their products are GEMMs, nothing to
+        # tune). The attention span is symbolic in both (`_span_from_ref`), so spans bucketed to
+        # the context in use share the compile: the engine compiles two graphs per step count,
+        # not one per batch size or span. Off by default: each compile takes a minute or more on
+        # GPU (`--compile` turns it on; warm_up does it before serving, and inductor's cache,
+        # TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
         self.compiled = compile
         self.prefill_threads = prefill_threads  # CPU intra-op threads for prefill forwards (0: as decode)
         self._fns = {"plain": plain_greedy, "chain": chain_greedy, "deferred": deferred_greedy}
@@ -137,9 +141,10 @@ class BatchDecoder:
         if self.compiled:
             import torch._dynamo as dynamo
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-            self._fns = {k: torch.compile(f, dynamic=False, options=dict(COMPILE_OPTIONS))
+            self._fns = {k: torch.compile(_span_from_ref(f), options=dict(COMPILE_OPTIONS))
                          for k, f in self._fns.items()}
-            self._fns_rows = {k: torch.compile(f, dynamic=True) for k, f in self._fns_rows.items()}
+            self._fns_rows = {k: torch.compile(_span_from_ref(f), dynamic=True) for k, f in self._fns_rows.items()}
+            self._span_base = torch.empty(self.cache_len, dtype=torch.uint8, device=self.device)
 
     def set_steps_table(self, steps_by_batch: tuple[tuple[int, int], ...]) -> None:
         """Draft steps per batch size from the next step on (SpecConfig.steps_by_batch, at most
@@ -169,11 +174,10 @@ class BatchDecoder:
 
     # -- helpers ---------------------------------------------------------------------------
     def _span(self, rows: int, extra: int) -> int:
-        """Attention width: enough for every row, rounded (powers of two when graphs are captured)."""
+        """Attention width: enough for every row, rounded (powers of two when graphs are captured
+        or steps compiled: few buckets, each captured once)."""
         need = max(self.lens[:rows]) + extra
-        if self.compiled:
-            return self.cache_len
-        if self.graphs.enabled:
+        if self.graphs.enabled or self.compiled:
             return min(self.cache_len, max(256, 1 << (need - 1).bit_length()))
         m = self.span_multiple
         return min(self.cache_len, -(-need // m) * m)
@@ -288,7 +292,7 @@ class BatchDecoder:
         """Run one device-side greedy step of every shape the engine will run up to max_rows rows
         (padded batch size, and draft steps with a steps table), so that torch.compile and graph
         capture (a minute or more per shape on GPU with `compile`) happen before serving, not in
-        a request's time. Leaves every row empty."""
+        a request's time; compiled, at the narrowest and the widest span. Leaves every row empty."""
         shapes = {}
         for rows in range(1, min(max_rows, self.max_batch) + 1):
             shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)
@@ -296,6 +300,9 @@ class BatchDecoder:
             for row in range(rows):
                 self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
             self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
+            if self.compiled:  # the widest span too: a guard it fails recompiles now, not in serving
+                self.lens[:rows] = [self.cache_len - self._step_reach()] * rows
+                self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
         self.lens = [0] * self.max_batch
         if self.spec:
             self.lag = [0] * self.max_batch
@@ -346,7 +353,11 @@ class BatchDecoder:
             self._catch_up(rows, self.lens_dev[:rows], span)
         if self.synthetic is not None:
             self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
-        tokens, counts = self.graphs.run((kind, padded, span, steps), lambda: fn(self, padded, span, steps))
+        span_arg = span
+        if self.compiled:
+            span_arg = self._span_base[:span]
+            torch._dynamo.mark_dynamic(span_arg, 0)
+        tokens, counts = self.graphs.run((kind, padded, span, steps), lambda: fn(self, padded, span_arg, steps))
         if kind == "deferred":
             self.lag[:rows] = [n + 1 for n in self.lag[:rows]]
         self._in_flight += 1
@@ -492,6 +503,17 @@ class BatchDecoder:
             for t in (self.lag_dev, self.lag_tokens, self.lag_aux):
                 t[dst] = t[src]
 
+
+
+def _span_from_ref(step):
+    """A device-side step that takes its attention span as the length of a tensor (marked
+    dynamic by `launch`), not as an int, which torch.compile would specialize on: one compile
+    then serves every span bucket, and compiled steps attend over the context in use instead of
+    the whole cache (which cost a 3-step cycle 43% of its time in attention:
+    benchmarks/results/h200_run5/)."""
+    def step_by_span_ref(dec, rows: int, span_ref: torch.Tensor, steps: int):
+        return step(dec, rows, span_ref.shape[0], steps)
+    return step_by_span_ref
 
 
 def _node_paths(tree) -> list[list[list[int]]]:

@@ -74,12 +74,13 @@ def test_chain_is_lossless(models, steps, kind, fast):
 
 def test_compiled_decoder_matches_eager(models):
     """`--compile` (torch.compile with the engine's inductor options, then CUDA graphs on GPU):
-    after the start-up warm-up, decoding compiles nothing more and gives the eager greedy
-    tokens, with a fitted 3-step chain (draft steps, verify forward and acceptance compiled;
-    a cold CPU compile takes 1-2 minutes)."""
+    after the start-up warm-up, decoding compiles nothing more, also when the context grows into
+    the next attention-span bucket, and gives the eager greedy tokens, with a fitted 3-step
+    chain (draft steps, verify forward and acceptance compiled; a cold CPU compile takes 1-2
+    minutes)."""
     from torch._dynamo.utils import counters
-    dec = BatchDecoder(models["target"], models["drafters"]["fitted"], SpecConfig(steps=3), max_batch=4,
-                       max_context=512, compile=True)
+    target, drafter = models["target"], models["drafters"]["fitted"]
+    dec = BatchDecoder(target, drafter, SpecConfig(steps=3), max_batch=4, max_context=512, compile=True)
     dec.warm_up(1)
     assert dec.lens == [0] * 4
     compiled = counters["stats"]["unique_graphs"]
@@ -88,6 +89,13 @@ def test_compiled_decoder_matches_eager(models):
     while len(out) < N_TOKENS:
         out += dec.step(1, greedy())[0].tokens
     assert out[:N_TOKENS] == models["baseline"][1]
+    long_prompt = (models["prompts"][1] * 40)[:240]            # decoding crosses span 256 -> 512
+    out, spans = [dec.prefill(0, long_prompt, greedy())], set()
+    while len(out) < N_TOKENS:
+        spans.add(dec._span(1, dec._step_reach()))
+        out += dec.step(1, greedy())[0].tokens
+    assert spans == {256, 512}
+    assert out[:N_TOKENS] == decode(target, drafter, SpecConfig(steps=3), [long_prompt], fast=False)[0][0]
     assert counters["stats"]["unique_graphs"] == compiled
 
 

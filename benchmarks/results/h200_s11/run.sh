@@ -9,6 +9,8 @@
 #          (conditional rates: accepted at j given 1..j-1 were); plain vs chains 1, 2, 3
 # 8b       the Llama-3-8B shape, compiled, batch 1, SYNTHETIC 0.9 .. 0.6 (accept length 3.29 at 3 steps,
 #          4.42 at 7): plain vs chains 3 and 7; then step_costs' parts for the cost model
+# Calls made: `tests`; `smollm2` (at f5b5c82: chains 3 and 2 before the steps-table bug stopped it,
+# attention over the whole cache); `STEPS=2,3 TAG=_spans smollm2` (spans bucketed to the context).
 # Sweeps resume (--resume) from runs/h200_s11 and share the inductor cache there: ignored files stay
 # on a warm machine between calls, so a stage cut by the call's limit goes on in the next call.
 set -uo pipefail
@@ -27,10 +29,10 @@ case "$1" in
 tests)
     run 520 python3 -m pytest -m gpu tests/test_gpu.py -k "deferred or steps_table and graphs or bf16" \
         -p no:cacheprovider --durations=20 2>&1 | tee "$OUT/gpu_tests.txt" ;;
-smollm2)
-    P="--shape smollm2 --steps 1,2,3 --num-prompts 4 --max-tokens 256 --max-context 1024"
-    sweep smollm2_chat 400 $P --synthetic-accept 0.491,0.508,0.574
-    sweep smollm2_humaneval 400 $P --synthetic-accept 0.651,0.679,0.667 ;;
+smollm2)  # STEPS (default 1,2,3) and TAG (appended to the output names) for the second run
+    P="--shape smollm2 --steps ${STEPS:-1,2,3} --num-prompts 4 --max-tokens 256 --max-context 1024"
+    sweep smollm2_chat${TAG:-} 400 $P --synthetic-accept 0.491,0.508,0.574
+    sweep smollm2_humaneval${TAG:-} 400 $P --synthetic-accept 0.651,0.679,0.667 ;;
 8b)
     sweep synthetic_8b 520 --shape 8b --steps 3,7 --num-prompts 3 --max-tokens 256 --max-context 1024 \
         --synthetic-accept 0.9,0.86,0.8,0.75,0.7,0.65,0.6
