@@ -34,9 +34,9 @@ smollm2)  # STEPS (default 1,2,3) and TAG (appended to the output names) for the
     sweep smollm2_chat${TAG:-} 400 $P --synthetic-accept 0.491,0.508,0.574
     sweep smollm2_humaneval${TAG:-} 400 $P --synthetic-accept 0.651,0.679,0.667 ;;
 8b)
-    sweep synthetic_8b 520 --shape 8b --steps 3,7 --num-prompts 3 --max-tokens 256 --max-context 1024 \
+    sweep synthetic_8b${TAG:-} 520 --shape 8b --steps ${STEPS:-3,7} --num-prompts 3 --max-tokens 256 --max-context 1024 \
         --synthetic-accept 0.9,0.86,0.8,0.75,0.7,0.65,0.6
-    run 300 python3 -m benchmarks.step_costs --shape 8b --compile --cycle-steps 3,7 --max-verify 8 \
+    [ -n "${NO_COSTS:-}" ] || run 300 python3 -m benchmarks.step_costs --shape 8b --compile --cycle-steps 3,7 --max-verify 8 \
         --iters 30 --device cuda --dtype bfloat16 --name llama8b_compiled --out-dir "$OUT" 2>&1 | grep -v Warning ;;
 *) echo "stage: tests | smollm2 | 8b" >&2; exit 2 ;;
 esac
