@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Accept length against training-data size: one drafter per sample count, same recipe (the
-train stage of gpu_build.sh, whose largest drafter ships).
+evals stage of gpu_build.sh, after its train stage; the largest drafter ships).
 
 For each N, `drafter train --limit-samples N` (the first N conversations, `--epochs` passes),
 `drafter export`, then `drafter eval` on held-out prompts at steps 1..6. `--jobs` trains that

@@ -8,7 +8,8 @@
 #                                              #   [the target writes prompts;] it answers them; shards; vocab
 #   bash shipped/smollm2/gpu_build.sh train    # calls 9..: train the drafter on all conversations (each call
 #                                              #   ends at TRAIN_S with a checkpoint; call again until done),
-#                                              #   export, add it to the scaling table, held-out evals at 1..6
+#                                              #   then export it and return it at once
+#   bash shipped/smollm2/gpu_build.sh evals    # next call: add it to the scaling table, held-out evals at 1..6
 #
 # Why pieces: a call carries at most 64 MiB with the tree (51.3 MiB since the drafter, the DeepSeek tiny
 # pair and 6.6 MB of prompts ship), and the GGUF is 98 MB: `split -n 9 -d SmolLM2-135M-Instruct.Q4_1.gguf
@@ -16,7 +17,9 @@
 # last one also .whl: `make device-wheels`). `data` may run again to add to the data.
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
 # the data are gone. Returns (data) $OUT/data.tgz: stats, logs; (train) $OUT/drafter.tgz.NN,
-# pieces of one tarball (cat them): the drafter, scaling table/plot, eval JSON, logs.
+# pieces of one tarball (cat them): the drafter and its training log; (evals) $OUT/evals.tgz.NN:
+# scaling table/plot, eval JSON, logs. Training returns the drafter in the call it finishes in,
+# so evals that do not fit that call's time cannot cost the drafter (session 10's last call).
 #
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz) and 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`), answered
@@ -76,12 +79,15 @@ data() {
 
 # The drafter on every conversation answered, with session 7's recipe (EPOCHS passes, batch, lr,
 # schedule), so it extends that session's scaling table; each call trains until TRAIN_S and
-# checkpoints. Once finished: export, the table with the earlier sizes' evals, and the three
-# held-out sets at steps 1..6.
+# checkpoints. Once finished: export, and return the drafter.
+records() {
+    python3 -c "import json; print(json.load(open('$W/data/index.json'))['records'])" 2>/dev/null \
+      || { log "no $W/data: run data first"; exit 3; }
+}
+
 train() {
     wheels
-    n=$(python3 -c "import json; print(json.load(open('$W/data/index.json'))['records'])" 2>/dev/null) \
-      || { log "no $W/data: run data first"; exit 3; }
+    n=$(records) || exit 3
     run=$W/scaling/run_$n; mkdir -p $W/scaling
     resume=(); [ -d $run ] && resume=(--resume)
     log "train: $n conversations, $EPOCHS epochs, at most ${TRAIN_S}s this call ${resume[*]}"
@@ -95,6 +101,18 @@ train() {
         return
     fi
     python3 -m drafter export $run $W/scaling/drafter_$n --dtype bfloat16 >> $W/scaling/train_$n.log 2>&1
+    log "exported drafter_$n: returning it; call evals next"
+    rm -rf $W/drafter && cp -r $W/scaling/drafter_$n $W/drafter
+    tar -C $W -czf $W/drafter.tgz drafter stages.log scaling/train_$n.log scaling/run_$n/log.jsonl
+    split -b 15M -d $W/drafter.tgz "$OUT/drafter.tgz."   # a returned file is at most 16 MiB
+}
+
+# The trained drafter in the scaling table (the earlier sizes' evals kept) and the three held-out
+# sets at steps 1..6.
+evals() {
+    wheels
+    n=$(records) || exit 3
+    [ -d $W/scaling/drafter_$n ] || { log "no drafter_$n: run train until it finishes"; exit 3; }
     for size in ${EARLIER//,/ }; do   # earlier sizes: their evals, not trained again
         src=$RESULTS/scaling_runs/eval_$size.json; [ -f $src ] || src=$RESULTS/eval_chat.json
         cp $src $W/scaling/eval_$size.json
@@ -113,15 +131,15 @@ train() {
     done
     wait; cat $W/eval_chat.txt $W/eval_humaneval.txt $W/eval_completion.txt
     log "packing"
-    rm -rf $W/drafter && cp -r $W/scaling/drafter_$n $W/drafter
-    tar -C $W -czf $W/drafter.tgz drafter scaling_out eval_chat.json eval_humaneval.json eval_completion.json \
-      scaling.log eval.log stages.log scaling/train_$n.log scaling/eval_$n.json scaling/run_$n/log.jsonl
-    split -b 15M -d $W/drafter.tgz "$OUT/drafter.tgz."   # a returned file is at most 16 MiB
+    tar -C $W -czf $W/evals.tgz scaling_out eval_chat.json eval_humaneval.json eval_completion.json \
+      scaling.log eval.log stages.log scaling/eval_$n.json
+    split -b 15M -d $W/evals.tgz "$OUT/evals.tgz."
 }
 
 case "${1:-}" in
     part) ls -l runs/gguf_parts ;;
     data) data ;;
     train) train ;;
-    *) echo "usage: $0 part|data|train" >&2; exit 2 ;;
+    evals) evals ;;
+    *) echo "usage: $0 part|data|train|evals" >&2; exit 2 ;;
 esac
