@@ -27,6 +27,9 @@ meaningless (mismatches expected) and the result says SYNTHETIC.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import itertools
 import json
 from pathlib import Path
 
@@ -52,6 +55,15 @@ def load(args) -> tuple[LoadedModels, list[list[int]]]:
     loaded = LoadedModels(*random_pair(args.shape, args.device, args.dtype), tokenizer=None)
     gen = torch.Generator().manual_seed(0)
     return loaded, torch.randint(0, loaded.target.config.vocab_size, (needed, args.prompt_len), generator=gen).tolist()
+
+
+def own_cache_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights in a second module tree, for a second decoder that is alive at the same
+    time: a decoder keeps its KV cache in the model's attention modules (setup_cache, as gpt-fast
+    does), so the second would replace the first's, and CUDA graphs the first captured would go
+    on reading the replaced (freed) cache."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo=shared)
 
 
 def build(args, loaded, spec):
@@ -125,7 +137,7 @@ def run(args) -> dict:
     loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
-    plain = build(args, loaded, None)
+    plain = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target), drafter=None), None)
     spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
 
     warmed = None  # the steps table whose shapes the spec engine has compiled and captured

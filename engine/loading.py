@@ -113,7 +113,9 @@ def engine_info(args: NativeEngineArgs) -> EngineInfo:
 
 @plain_dataclass
 class LoadedModels:
-    """Models and tokenizer loaded once and reused by engines of several settings (evals, sweeps)."""
+    """Models and tokenizer loaded once and reused by engines of several settings (evals, sweeps):
+    one engine at a time, since a decoder keeps its KV cache in the model's modules (two alive
+    at once: benchmarks/batch_sweep.own_cache_copy)."""
     target: LlamaModel
     drafter: Eagle3Drafter | None
     device: torch.device

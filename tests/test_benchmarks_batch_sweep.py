@@ -80,3 +80,16 @@ def test_the_table_drafts_only_past_the_noise_margin():
         ("plain", 0, 16, 100.0), ("chain 1", 1, 16, 80.0)]]
     assert batch_sweep.choose_table(rows, [1, 8, 16], min_gain=0.03) == {"1": 1, "8": 0, "16": 0}
     assert batch_sweep.choose_table(rows, [1, 8, 16]) == {"1": 1, "8": 1, "16": 0}
+
+
+def test_plain_engine_shares_the_weights_but_not_the_kv_cache():
+    """The sweep's plain and speculative decoders are alive together: each needs its own cache
+    (a second setup_cache would replace the first's under its captured CUDA graphs)."""
+    from benchmarks.shapes import random_pair
+    from engine.decoder import BatchDecoder, SpecConfig
+    target, drafter, _ = random_pair("tiny", "cpu", "float32")
+    plain = BatchDecoder(batch_sweep.own_cache_copy(target), None, None, 2, 64)
+    spec = BatchDecoder(target, drafter, SpecConfig(2), 2, 64)
+    assert [p.data_ptr() for p in plain.target.parameters()] == [p.data_ptr() for p in target.parameters()]
+    caches = [(a.self_attn.kv_cache.k, b.self_attn.kv_cache.k) for a, b in zip(plain.target.layers, spec.target.layers)]
+    assert all(a.data_ptr() != b.data_ptr() for a, b in caches)
