@@ -45,10 +45,10 @@ install-dev: $(BIN)/python
 serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
+# Two pytest workers, each file on one (its module fixtures shared): about 10 minutes on 2 cores,
+# 15.5 in one; the slowest 15 say what to trim when the suite grows.
 test: install-dev vllm-venv
 	$(BIN)/ruff check .
-	# two workers, each file on one (its module fixtures shared): 10 min on 2 cores, 15.5 in one;
-	# the slowest 15 say what to trim when the suite grows
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed:
