@@ -27,9 +27,7 @@ meaningless (mismatches expected) and the result says SYNTHETIC.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
-import itertools
 import json
 from pathlib import Path
 
@@ -40,6 +38,7 @@ from benchmarks.report import md_table, provenance, pyplot, save_figure, write_r
 from benchmarks.shapes import TARGETS, random_pair
 from engine.config import SpecConfig
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine
+from models.layers import own_cache_copy
 from models.model_source import resolve_model_path
 
 
@@ -55,15 +54,6 @@ def load(args) -> tuple[LoadedModels, list[list[int]]]:
     loaded = LoadedModels(*random_pair(args.shape, args.device, args.dtype), tokenizer=None)
     gen = torch.Generator().manual_seed(0)
     return loaded, torch.randint(0, loaded.target.config.vocab_size, (needed, args.prompt_len), generator=gen).tolist()
-
-
-def own_cache_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """The same weights in a second module tree, for a second decoder that is alive at the same
-    time: a decoder keeps its KV cache in the model's attention modules (setup_cache, as gpt-fast
-    does), so the second would replace the first's, and CUDA graphs the first captured would go
-    on reading the replaced (freed) cache."""
-    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return copy.deepcopy(model, memo=shared)
 
 
 def build(args, loaded, spec):

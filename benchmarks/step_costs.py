@@ -31,7 +31,7 @@ from benchmarks.shapes import random_pair
 from benchmarks.timing import time_ms
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, load_models
-from engine.masks import block_inputs, causal
+from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -86,9 +86,8 @@ def measure(target, drafter, context: int, max_verify: int, cycle_steps: list[in
     verify = {n: time_ms(lambda n=n: target(tokens[:, :n], block_inputs(base, causal(1, n, dev), depth(n), span),
                                             capture_aux=True).logits.argmax(-1), dev, iters)
               for n in range(1, max_verify + 1)}
-    draft_step = time_ms(lambda: drafter(tokens[:, :1], hidden1, block_inputs(
-        base, torch.ones(1, 1, 1, dtype=torch.bool, device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev),
-        span)).logits.argmax(-1), dev, iters)
+    draft_step = time_ms(lambda: drafter(tokens[:, :1], hidden1, one_token_inputs(base, span)).logits.argmax(-1),
+                         dev, iters)
     extend = {n: time_ms(lambda n=n: drafter(tokens[:, :n], aux[:, :n], block_inputs(
         base, causal(1, n, dev), depth(n), span)).logits, dev, iters) for n in range(1, max_verify + 1)}
     del dec

@@ -27,7 +27,7 @@ from engine.config import SpecConfig
 from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
 from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up, plain_greedy
-from engine.masks import block_inputs, causal
+from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
@@ -266,8 +266,7 @@ class BatchDecoder:
                 cache.copy_row(src, row + i, len(prompt))
         lens = [len(p) for p in prompts]
         span = min(self.cache_len, -(-max(lens) // self.span_multiple) * self.span_multiple)
-        inputs = block_inputs(torch.tensor(lens, device=dev) - 1, torch.ones(n, 1, 1, dtype=torch.bool, device=dev),
-                              torch.zeros(n, 1, dtype=torch.long, device=dev), span, row_offset=row)
+        inputs = one_token_inputs(torch.tensor(lens, device=dev) - 1, span, row_offset=row)
         last = torch.tensor([[p[-1]] for p in prompts], device=dev)
         out = self.target(last, inputs, capture_aux=self.spec is not None)
         probs = probs_from_logits(self._process(out.logits, sampling, [[[]]] * n), sampling)[:, 0]
@@ -376,11 +375,7 @@ class BatchDecoder:
         return results
 
     def _plain_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:
-        base = self._lens(rows)
-        ones = torch.ones(rows, 1, 1, dtype=torch.bool, device=self.device)
-        inputs = block_inputs(base, ones, torch.zeros(rows, 1, dtype=torch.long, device=self.device),
-                              self._span(rows, 1))
-        out = self.target(self.pending[:rows].unsqueeze(1), inputs)
+        out = self.target(self.pending[:rows].unsqueeze(1), one_token_inputs(self._lens(rows), self._span(rows, 1)))
         p = probs_from_logits(self._process(out.logits, sampling, [[[]]] * rows), sampling)[:, 0]
         new = p.argmax(-1) if sampling.all_greedy else sample_rows(p, sampling.generators)
         self.pending[:rows] = new

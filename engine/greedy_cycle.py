@@ -20,18 +20,15 @@ from __future__ import annotations
 import torch
 
 from engine.draft_tree import chain_draft_step
-from engine.masks import block_inputs, causal
+from engine.masks import block_inputs, causal, one_token_inputs
 from models.layers import AttnInputs
 
 
 def _pending_step(dec, rows: int, span: int, capture_aux: bool = False):
     """The target over each row's pending token alone, which becomes its greedy next token:
     (that token [B], the target's output)."""
-    base = dec.lens_dev[:rows]
-    dev = base.device
-    inputs = block_inputs(base, torch.ones(rows, 1, 1, dtype=torch.bool, device=dev),
-                          torch.zeros(rows, 1, dtype=torch.long, device=dev), span)
-    out = dec.target(dec.pending[:rows].unsqueeze(1), inputs, capture_aux=capture_aux)
+    out = dec.target(dec.pending[:rows].unsqueeze(1), one_token_inputs(dec.lens_dev[:rows], span),
+                     capture_aux=capture_aux)
     new = out.logits[:, 0].argmax(-1)
     dec.pending[:rows] = new
     dec.lens_dev[:rows] += 1

@@ -115,7 +115,7 @@ def engine_info(args: NativeEngineArgs) -> EngineInfo:
 class LoadedModels:
     """Models and tokenizer loaded once and reused by engines of several settings (evals, sweeps):
     one engine at a time, since a decoder keeps its KV cache in the model's modules (two alive
-    at once: benchmarks/batch_sweep.own_cache_copy)."""
+    at once: models.layers.own_cache_copy)."""
     target: LlamaModel
     drafter: Eagle3Drafter | None
     device: torch.device

@@ -27,5 +27,12 @@ def block_inputs(base_len: torch.Tensor, block_mask: torch.Tensor, depth: torch.
                       row_offset=row_offset)
 
 
+def one_token_inputs(base_len: torch.Tensor, span: int, row_offset: int = 0) -> AttnInputs:
+    """Inputs for one new token per row, written at cache position base_len[b] (a decode step)."""
+    b, dev = base_len.shape[0], base_len.device
+    return block_inputs(base_len, torch.ones(b, 1, 1, dtype=torch.bool, device=dev),
+                        torch.zeros(b, 1, dtype=torch.long, device=dev), span, row_offset=row_offset)
+
+
 def causal(b: int, t: int, device) -> torch.Tensor:
     return torch.ones(t, t, dtype=torch.bool, device=device).tril().expand(b, t, t)

@@ -6,6 +6,8 @@ and batched decoding: the caller decides what each query may see.
 """
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -104,6 +106,15 @@ class KVCache(nn.Module):
         """Row src's cache into row dst: all of it, or its first `upto` positions (a shared prompt)."""
         self.k[dst, :, :upto].copy_(self.k[src, :, :upto])
         self.v[dst, :, :upto].copy_(self.v[src, :, :upto])
+
+
+def own_cache_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights in a second module tree, for a second decoder alive at the same time
+    (a sweep's plain and speculative engines): a decoder keeps its KV cache in the model's
+    attention modules (setup_cache, as gpt-fast does), so the second would replace the first's,
+    and CUDA graphs the first captured would go on reading the replaced (freed) cache."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo=shared)
 
 
 class Linear(nn.Linear):

@@ -87,8 +87,9 @@ def test_plain_engine_shares_the_weights_but_not_the_kv_cache():
     (a second setup_cache would replace the first's under its captured CUDA graphs)."""
     from benchmarks.shapes import random_pair
     from engine.decoder import BatchDecoder, SpecConfig
+    from models.layers import own_cache_copy
     target, drafter, _ = random_pair("tiny", "cpu", "float32")
-    plain = BatchDecoder(batch_sweep.own_cache_copy(target), None, None, 2, 64)
+    plain = BatchDecoder(own_cache_copy(target), None, None, 2, 64)
     spec = BatchDecoder(target, drafter, SpecConfig(2), 2, 64)
     assert [p.data_ptr() for p in plain.target.parameters()] == [p.data_ptr() for p in target.parameters()]
     caches = [(a.self_attn.kv_cache.k, b.self_attn.kv_cache.k) for a, b in zip(plain.target.layers, spec.target.layers)]
