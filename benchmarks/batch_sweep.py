@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -127,7 +128,10 @@ def run(args) -> dict:
     loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
+    warm_up_s = {}  # seconds each engine or steps table took to compile and capture its shapes (this call)
+    t0 = time.perf_counter()
     plain = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target), drafter=None), None)
+    warm_up_s["plain"] = time.perf_counter() - t0
     spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
 
     warmed = None  # the steps table whose shapes the spec engine has compiled and captured
@@ -139,7 +143,10 @@ def run(args) -> dict:
         if table != warmed:
             spec.wait_idle()
             spec.decoder.set_steps_table(table)
+            t0 = time.perf_counter()
             spec.decoder.warm_up(max(cs))
+            warm_up_s[label] = time.perf_counter() - t0
+            print(f"{label}: shapes up to batch {max(cs)} ready in {warm_up_s[label]:.0f} s", flush=True)
             warmed = table
         measure(spec, prompts, c, args, label, n_steps, progress)
 
@@ -175,7 +182,7 @@ def run(args) -> dict:
                                                      "prompt_len", "min_gain")},
             "best": {"steps": best1["steps"], "topk": 1, "draft_tokens": best1["steps"] + 1 if best1["steps"] else 0,
                      "tok_s": best1["throughput"], "setting": best1["setting"]},
-            "steps_by_batch": table if any(table.values()) else None,
+            "steps_by_batch": table if any(table.values()) else None, "warm_up_s": warm_up_s,
             "rows": rows, "table_rows": table_rows, "provenance": provenance()}
 
 

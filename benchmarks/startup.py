@@ -8,9 +8,12 @@ batch size up to --max-batch with the steps table in force), times it, then at o
 warm-up, serves the prompts at each --concurrency (benchmarks/engine_load.py) and reports the
 longest gap between two deltas of one request: a compile or capture inside serving shows there.
 --no-compile starts eager steps instead (the server's default), whose graphs are captured then.
+Without --model, a random pair of --shape (benchmarks/shapes.py) is built on the device in place
+of loading one, and random prompts run to --max-tokens: compile and capture cost the same.
 
   python -m benchmarks.startup --model M --draft D --steps-by-batch 1=4,4=3,32=1 --max-batch 32 \\
       --dtype bfloat16 --cache-dir /tmp/inductor --out benchmarks/results/startup/h200.json
+  python -m benchmarks.startup --shape 8b --draft random --steps 3 --max-batch 32 --cache-dir /tmp/ind --out s.json
 """
 from __future__ import annotations
 
@@ -29,24 +32,33 @@ from benchmarks.report import md_table, provenance, write_result
 def child(args) -> dict:
     """One start in this process: engine ready time, then max gaps per concurrency."""
     t0 = time.perf_counter()
+    import torch
+
     from benchmarks.engine_load import load_prompts, run_load
+    from benchmarks.shapes import random_pair
     from engine.decoder import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine
+    from engine.loading import LoadedModels, NativeEngineArgs, build_engine
     imported = time.perf_counter() - t0
     table = tuple(tuple(int(x) for x in e.split("=")) for e in args.steps_by_batch.split(",")) \
         if args.steps_by_batch else ()
     spec = SpecConfig(max(s for _, s in table), steps_by_batch=table) if table else SpecConfig(args.steps)
-    eargs = NativeEngineArgs(model=args.model, draft=args.draft, spec=spec if args.draft else None,
-                             device=args.device, dtype=args.dtype, max_batch=args.max_batch,
-                             max_context=args.max_context, compile=not args.no_compile,
+    eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=args.draft,
+                             spec=spec if args.draft else None, device=args.device, dtype=args.dtype,
+                             max_batch=args.max_batch, max_context=args.max_context, compile=not args.no_compile,
                              compile_max_batch=args.max_batch)
-    engine = build_engine(eargs)
+    loaded = None
+    if not args.model:
+        target, drafter, device = random_pair(args.shape, args.device, args.dtype)
+        loaded = LoadedModels(target, drafter if args.draft else None, device, tokenizer=None)
+    engine = build_engine(eargs, loaded)
     engine.start_blocking()
     ready = time.perf_counter() - t0
-    prompts = load_prompts(args.prompts, engine.tokenizer, max(args.concurrency) * 2)
+    n = max(args.concurrency) * 2
+    prompts = load_prompts(args.prompts, engine.tokenizer, n) if args.model else \
+        torch.randint(0, target.config.vocab_size, (n, 128), generator=torch.Generator().manual_seed(0)).tolist()
     loads = []
     for c in args.concurrency:
-        r = run_load(engine, prompts[:2 * c], c, args.max_tokens)
+        r = run_load(engine, prompts[:2 * c], c, args.max_tokens, ignore_eos=not args.model)
         loads.append({"concurrency": c, "max_gap_ms": r.max_gap_s * 1000, "throughput": r.throughput,
                       "accept_length": r.accept_length})
         print(f"c={c}: max gap {r.max_gap_s * 1000:.0f} ms, {r.throughput:.1f} tok/s", flush=True)
@@ -56,8 +68,9 @@ def child(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--draft")
+    ap.add_argument("--model", help="checkpoint (default: a random pair of --shape)")
+    ap.add_argument("--shape", default="8b", choices=["8b", "smollm2", "tiny"], help="the random pair, without --model")
+    ap.add_argument("--draft", help="the drafter of --model ('random' with --shape); none: plain decoding")
     ap.add_argument("--steps", type=int, default=3, help="without --steps-by-batch")
     ap.add_argument("--steps-by-batch", help="size=steps,... e.g. 1=4,4=3,32=1")
     ap.add_argument("--max-batch", type=int, default=16)
