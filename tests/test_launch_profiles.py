@@ -60,7 +60,7 @@ def test_two_node_profile_reads_rank_and_address_from_the_environment():
 
 
 def test_builtin_relative_paths_resolve_against_the_project_root():
-    p = resolve("h200-native", environ={}).profile
+    p = resolve("h200x2-native", environ={}).profile
     assert p.model.path == str(PROJECT_ROOT / "shipped" / "target")
     assert p.model.draft == str(PROJECT_ROOT / "shipped" / "drafter")
 
