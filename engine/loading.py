@@ -15,9 +15,10 @@ from engine.api import EngineInfo
 from engine.config import CONFIG, NativeConfig, SpecConfig
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
+from models.cpu_products import faster_few_rows
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
-from models.layers import fuse_projections
+from models.layers import Linear, fuse_projections
 from models.llama import LlamaModel, load_target
 from models.tokenizer import load_tokenizer
 
@@ -100,6 +101,10 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
         target.aux_layer_ids = list(drafter.config.aux_layer_ids)
         fuse_projections(drafter)
     fuse_projections(target)
+    if device.type == "cpu" and dtype == torch.float32:
+        Linear.cpu_few_rows = faster_few_rows(torch.get_num_threads())
+        log.info("CPU float32 products of %s rows as W @ x.T (measured faster here), others F.linear",
+                 sorted(Linear.cpu_few_rows) or "no")
     return target, drafter, device
 
 

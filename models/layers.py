@@ -125,17 +125,18 @@ class Linear(nn.Linear):
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
     blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
     benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
-    multi-token calls use F.linear, except a few float32 rows on CPU (`few_rows_cpu`).
+    multi-token calls use F.linear, except float32 row counts on CPU where `few_rows_cpu` was
+    measured faster on this processor (models/cpu_products.py; the engine sets it at load).
     """
     gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side
-    cpu_few_rows = True
+    cpu_few_rows: frozenset[int] = frozenset()  # row counts that take few_rows_cpu (CPU float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
         if (self.cpu_few_rows and x.device.type == "cpu" and x.dtype == torch.float32
-                and x.numel() <= CPU_FEW_ROWS * self.in_features):
+                and x.numel() // self.in_features in self.cpu_few_rows):
             return few_rows_cpu(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -147,12 +148,13 @@ def few_rows_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """F.linear for up to CPU_FEW_ROWS float32 rows on CPU, as weight @ x.T (1 or 3 rows padded
     by one).
 
-    A decode or verify step is weight reads. On CPU, float32 `x @ W.T` for 2-8 rows costs up to
-    three times one row (the library repacks the weight); `W @ x.T` reads the weight once, and
-    fastest for an even count of 2 or 4 columns (one column takes a matrix-vector kernel, three a
-    slower tile, both slower than the next even count). So decode runs at two rows and a 2-4
-    token verify costs about a decode step (benchmarks/results/cpu_linear/). bfloat16 is the
-    other way round there (F.linear's kernel is the fast one) and keeps F.linear."""
+    A decode or verify step is weight reads. On some CPUs (session 9's AMD EPYC VM) float32
+    `x @ W.T` for 2-8 rows costs up to three times one row (the library repacks the weight) while
+    `W @ x.T` reads the weight once, fastest for an even count of 2 or 4 columns (one column takes
+    a matrix-vector kernel, three a slower tile): there decode runs at two rows and a 2-4 token
+    verify costs about a decode step. On others (session 12's Intel Xeon VM) it is 2-2.5x slower
+    than F.linear (benchmarks/results/cpu_linear/), hence models/cpu_products.py. bfloat16 keeps
+    F.linear."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     n = rows.shape[0]
     if n in (1, 3):
