@@ -291,7 +291,10 @@ class BatchDecoder:
         """Run one device-side greedy step of every shape the engine will run up to max_rows rows
         (padded batch size, and draft steps with a steps table), so that torch.compile and graph
         capture (a minute or more per shape on GPU with `compile`) happen before serving, not in
-        a request's time; compiled, at the narrowest and the widest span. Leaves every row empty."""
+        a request's time; compiled, at the narrowest and the widest span. Leaves every row empty.
+        Eager steps without graphs (CPU) have nothing to prepare: it returns at once."""
+        if not (self.graphs.enabled or self.compiled):
+            return
         shapes = {}
         for rows in range(1, min(max_rows, self.max_batch) + 1):
             shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# cpu-default as shipped (its steps table) against the same profile with --no-spec over HTTP, all
+# servers up at once and measured in turn, the order reversed every round, so the machine's drift
+# (plain decoding moved 23.8 -> 16.4 tok/s between two session-10 rounds) lands on every side;
+# ratios are per round, then their median (ab_summary.py). Concurrency 1 and 8, the nine held-out
+# chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. An idle server waits on its
+# engine's queue, so the sides not being measured cost nothing.
+# SIDES picks sides (default "table plain"); table_t2 is the table with decoding on both cores.
+#   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
+set -euo pipefail
+OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
+PROMPTS=benchmarks/results/batch_sweep/cpu_http/prompts.jsonl
+SIDES=(${SIDES:-table plain})
+mkdir -p $OUT
+declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2")
+declare -A PORT
+pids=()
+for i in "${!SIDES[@]}"; do
+    side=${SIDES[$i]}; PORT[$side]=$((8790 + i))
+    .venv/bin/specserve --profile cpu-default --port ${PORT[$side]} ${FLAGS[$side]} > $OUT/server_$side.log 2>&1 &
+    pids+=($!)
+done
+trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
+for side in "${SIDES[@]}"; do
+    .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
+done
+for r in $(seq 1 ${ROUNDS:-4}); do
+    order=("${SIDES[@]}")
+    [ $((r % 2)) = 0 ] && order=($(printf '%s\n' "${SIDES[@]}" | tac))
+    for side in "${order[@]}"; do
+        for c in 1 8; do
+            .venv/bin/python -m benchmarks.serving --base-url http://127.0.0.1:${PORT[$side]} --max-concurrency $c \
+                --num-prompts $((c == 1 ? 9 : 18)) --prompts $PROMPTS --max-tokens 128 --warmup 1 \
+                --out-dir $OUT --name ${side}_r${r}_c$c > $OUT/${side}_r${r}_c$c.txt
+            echo "round $r $side c=$c: $(python3 -c "import json; print(round(json.load(open('$OUT/${side}_r${r}_c$c.json'))['summary']['output_throughput'], 1))") tok/s"
+        done
+    done
+done
+.venv/bin/python benchmarks/results/batch_sweep/cpu_http/ab_summary.py $OUT "${SIDES[@]}"
