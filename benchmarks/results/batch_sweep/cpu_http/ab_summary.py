@@ -17,7 +17,8 @@ def tok_s(side: str, r: int, c: int) -> float:
 
 
 rounds = [r for r in range(1, 100) if all((out / f"{s}_r{r}_c8.json").is_file() for s in sides)]
-head = ["round"] + [f"{s} c={c}" for c in (1, 8) for s in sides] + [f"{s} / plain c={c}" for c in (1, 8) for s in others]
+head = (["round"] + [f"{s} c={c}" for c in (1, 8) for s in sides]
+        + [f"{s} / plain c={c}" for c in (1, 8) for s in others])
 rows, ratios = [], {(s, c): [] for s in others for c in (1, 8)}
 for r in rounds:
     cells = [f"{tok_s(s, r, c):.1f}" for c in (1, 8) for s in sides]
