@@ -43,6 +43,11 @@ def engine_kwargs(job, spec, storage: Path) -> dict:
     }
     if not on_gpu:   # vLLM's CPU build: no compile at start-up (minutes on few cores), a small memory share
         kw.update(enforce_eager=True, gpu_memory_utilization=0.2)
+        if str(job.dtype) in ("float32", "float"):
+            # On a CPU with AMX tiles vLLM picks its AMX MLA backend for an MLA target (DeepSeek, Kimi),
+            # which takes 16-bit or quantized weights only; float32 needs the reference CPU MLA backend.
+            # Other targets take vLLM's CPU attention whatever is asked here.
+            kw["attention_backend"] = "CPU_MLA"
     if job.trust_remote_code:
         kw["trust_remote_code"] = True
     kw.update(job.engine_args)
