@@ -2,6 +2,7 @@
 # these lines inline; folded here afterwards, with the union of their environment settings).
 #   device_call BUDGET_S [RESULT_SUBDIRS...]   deadline, /tmp/r result tree, carried wheels, env
 #   run CAP_S command...                       timeout min(CAP_S, time left before the deadline)
+#   work_dir NAME                              W=runs/NAME (kept on a warm machine), its inductor cache, gpu.txt
 device_call() {
     START=$(date +%s)
     DEADLINE=$((START + ${BUDGET_S:-$1})); shift
@@ -23,4 +24,12 @@ run() {
     echo "=== [$(date +%T)] (limit ${t}s) $*"
     timeout "$t" "$@"
     echo "=== rc=$? after $(( $(date +%s) - START ))s"
+}
+
+work_dir() {
+    # Ignored files stay on a warm machine between calls: a session's resumable sweeps and its inductor
+    # cache live under runs/NAME, so a stage cut by a call's limit goes on in the next call.
+    W=runs/$1; mkdir -p "$W"
+    export TORCHINDUCTOR_CACHE_DIR=$PWD/$W/inductor
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 }

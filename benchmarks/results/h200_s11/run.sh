@@ -16,9 +16,7 @@
 set -uo pipefail
 source benchmarks/results/device_call.sh
 device_call "${LIMIT_S:-560}"
-export TORCHINDUCTOR_CACHE_DIR=$PWD/runs/h200_s11/inductor
-W=runs/h200_s11; mkdir -p $W
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+work_dir h200_s11
 sweep() {  # name, cap, args...
     local name=$1 cap=$2; shift 2
     run "$cap" python3 -m benchmarks.batch_sweep --concurrency 1 --rounds 1 --compile --device cuda \

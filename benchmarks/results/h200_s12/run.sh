@@ -14,9 +14,7 @@
 set -uo pipefail
 source benchmarks/results/device_call.sh
 device_call "${LIMIT_S:-560}"
-export TORCHINDUCTOR_CACHE_DIR=$PWD/runs/h200_s12/inductor
-W=runs/h200_s12; mkdir -p $W
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+work_dir h200_s12
 ACC=0.9,0.86,0.8,0.75,0.7,0.65,0.6
 sweep() {  # name, cap, args...
     local name=$1 cap=$2; shift 2
