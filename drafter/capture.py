@@ -46,6 +46,7 @@ class CaptureJob:
     mode: str = "spool"                  # spool | store
     budget_bytes: int = 10 * 10**9
     batch_size: int = 4                  # training's data order (spool mode)
+    length_group: int = 1
     max_length: int = 2048
     seed: int = 0
     limit: int = 0
@@ -66,7 +67,8 @@ class CaptureJob:
                 "aux_layer_outputs": list(self.aux_layer_outputs), "max_length": self.max_length, "dtype": self.dtype}
 
     def order(self) -> dict:
-        return {"batch_size": self.batch_size, "seed": self.seed, "limit": self.limit}
+        return {"batch_size": self.batch_size, "seed": self.seed, "limit": self.limit,
+                "length_group": self.length_group}
 
     def save(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -251,7 +253,7 @@ def run_store(job: CaptureJob, engine, spec: TargetSpec, batches: Batches) -> No
 
 def run(job: CaptureJob) -> None:
     spec = TargetSpec.from_dir(job.target)
-    batches = Batches(TokenShards(job.data), job.batch_size, job.max_length, job.seed, job.limit)
+    batches = Batches(TokenShards(job.data), job.batch_size, job.max_length, job.seed, job.limit, job.length_group)
     engine = make_engine(job, spec)
     try:
         (run_spool if job.mode == "spool" else run_store)(job, engine, spec, batches)

@@ -120,7 +120,8 @@ def cmd_train(a) -> int:
         intermediate_size=a.intermediate_size, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
         head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
         warmup_steps=a.warmup_steps, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
-        batch_size=a.batch_size, grad_accum=a.grad_accum, max_length=a.max_length, epochs=a.epochs,
+        batch_size=a.batch_size, length_group=a.length_group, grad_accum=a.grad_accum, max_length=a.max_length,
+        epochs=a.epochs,
         limit_samples=a.limit_samples, max_steps=a.max_steps, stop_at=a.stop_at, time_limit_s=a.time_limit,
         save_every=a.save_every, keep_checkpoints=a.keep, log_every=a.log_every,
         seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
@@ -300,6 +301,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--grad-clip", type=float, default=0.5)
     t.add_argument("--batch-size", type=int, default=4, help="sequences per micro-batch per GPU")
+    t.add_argument("--length-group", type=int, default=64,
+                   help="batches whose conversations are sorted by length together, against padding (1: random)")
     t.add_argument("--grad-accum", type=int, default=1)
     t.add_argument("--max-length", type=int, default=2048)
     t.add_argument("--epochs", type=float, default=1.0)

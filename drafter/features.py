@@ -209,7 +209,8 @@ def open_source(c, *, main: bool, world: int, device: torch.device, dtype: torch
     cap_dtype = c.capture_dtype if c.capture_dtype != "auto" else ("bfloat16" if torch.cuda.is_available()
                                                                    else "float32")
     job = CaptureJob(engine=engine, target=str(c.target), data=str(c.data), aux_layer_outputs=list(aux), out="",
-                     budget_bytes=int(c.spool_budget_gb * 1e9), batch_size=c.batch_size, max_length=c.max_length,
+                     budget_bytes=int(c.spool_budget_gb * 1e9), batch_size=c.batch_size, length_group=c.length_group,
+                     max_length=c.max_length,
                      seed=c.seed, limit=c.limit_samples, first=first, end=end, dtype=cap_dtype,
                      device="cuda" if torch.cuda.is_available() else "cpu", chunk=c.capture_batch,
                      trust_remote_code=c.trust_remote_code, engine_args=dict(c.vllm_args), parent_pid=os.getpid())

@@ -202,6 +202,11 @@ class TokenShards:
     def __len__(self) -> int:
         return len(self.index)
 
+    def length(self, j: int) -> int:
+        """Tokens of conversation j, from the offsets alone (nothing read)."""
+        s, i = self.index[j]
+        return int(self.offsets[s][i + 1] - self.offsets[s][i])
+
     def __getitem__(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         s, i = self.index[j]
         a, b = int(self.offsets[s][i]), int(self.offsets[s][i + 1])

@@ -82,6 +82,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 0.5
     batch_size: int = 4                      # sequences per micro-batch (per rank)
+    length_group: int = 64                   # batches sorted by length together (drafter/batches.py); 1: random
     grad_accum: int = 1
     max_length: int = 2048
     epochs: float = 1.0
@@ -282,7 +283,7 @@ def train(c: TrainConfig) -> dict:
         model, device_ids=[d.local_rank] if cuda else None) if d.world > 1 else model
 
     data = TokenShards(c.data)
-    batches = Batches(data, c.batch_size, c.max_length, c.seed, c.limit_samples)
+    batches = Batches(data, c.batch_size, c.max_length, c.seed, c.limit_samples, c.length_group)
     micro_per_step = c.grad_accum * d.world
     total = c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
     warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * total)

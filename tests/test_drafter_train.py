@@ -82,3 +82,40 @@ def test_aux_layers_are_trained_in_ascending_order(setup):
     """SGLang and vLLM concatenate aux layers ascending, so training does too, whatever the flag's order."""
     run = _train(setup, "unordered", "--aux-layers", "3,0,2", "--max-steps", "1")
     assert json.loads((run / "drafter_config.json").read_text())["aux_layer_ids"] == [0, 2, 3]
+
+
+
+class _Conversations:
+    """Conversations of given lengths, as TokenShards hands them out."""
+
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def length(self, i):
+        return self.lengths[i]
+
+    def __getitem__(self, i):
+        return torch.full((self.lengths[i],), i), torch.ones(self.lengths[i], dtype=torch.bool)
+
+
+def test_length_grouped_batches_cover_every_conversation_once_with_less_padding():
+    """Each epoch still takes every conversation once, in a seeded order, and batches of alike
+    lengths pad less than random ones."""
+    from drafter.batches import Batches
+
+    data = _Conversations([int(x) for x in torch.randint(5, 1000, (256,), generator=torch.Generator().manual_seed(0))])
+    random, grouped = Batches(data, 8, 2048, 0), Batches(data, 8, 2048, 0, group=8)
+    again = Batches(data, 8, 2048, 0, group=8)
+
+    def padded(b: Batches, epoch: int) -> int:
+        return sum(b.get(g)[0].numel() for g in range(epoch * b.per_epoch, (epoch + 1) * b.per_epoch))
+
+    for epoch in (0, 1):
+        batches = [grouped.indices(g)[0] for g in range(epoch * 32, (epoch + 1) * 32)]
+        assert sorted(i for b in batches for i in b) == list(range(256))
+        assert [again.indices(g)[0] for g in range(epoch * 32, (epoch + 1) * 32)] == batches
+        assert padded(grouped, epoch) < 0.7 * padded(random, epoch)
+    assert grouped.indices(0)[0] != grouped.indices(32)[0]      # epochs differ

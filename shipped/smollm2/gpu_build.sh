@@ -3,43 +3,47 @@
 # warm machine (what a call writes under runs/ stays there while the machine is warm, ~30 s
 # between calls; each call must end within the 10-minute limit):
 #
-#   bash shipped/smollm2/gpu_build.sh part     # calls 1..8: the carried GGUF piece stays in runs/gguf_parts
-#   bash shipped/smollm2/gpu_build.sh data     # call 9: last piece -> GGUF (sha256 checked) -> HF folder;
+#   bash shipped/smollm2/gpu_build.sh part     # calls 1..P-1: the carried GGUF piece stays in runs/gguf_parts
+#   bash shipped/smollm2/gpu_build.sh data     # call P: last piece -> GGUF (sha256 checked) -> HF folder;
 #                                              #   [the target writes prompts;] it answers them; shards; vocab
-#   bash shipped/smollm2/gpu_build.sh train    # calls 9..: train the drafter on all conversations (each call
-#                                              #   ends at TRAIN_S with a checkpoint; call again until done),
-#                                              #   then export it and return it at once
-#   bash shipped/smollm2/gpu_build.sh evals    # next call: add it to the scaling table, held-out evals at 1..6
+#   bash shipped/smollm2/gpu_build.sh train    # calls P+1..: the first measures seconds a step (a probe run)
+#                                              #   and fixes the run's steps to TRAIN_BUDGET_S; each call trains
+#                                              #   until TRAIN_S with a checkpoint; once finished: export, return
+#                                              #   the drafter at once, then held-out evals in what is left
+#   bash shipped/smollm2/gpu_build.sh evals    # held-out evals at steps 1..6 (again, or if train ran out)
 #
-# Why pieces: a call carries at most 64 MiB with the tree (51.3 MiB since the drafter, the DeepSeek tiny
-# pair and 6.6 MB of prompts ship), and the GGUF is 98 MB: `split -n 9 -d SmolLM2-135M-Instruct.Q4_1.gguf
-# runs/gguf_parts/part.` makes nine 10.9 MB pieces, call k carries runs/gguf_parts/part.0k (the
-# last one also .whl: `make device-wheels`). `data` may run again to add to the data.
+# Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
+# that ship (fixture pairs, the shipped drafter) and benchmarks/results. Session 13 left those out of the
+# index for the device calls (`git rm -r -q --cached` them, list them in .git/info/exclude; `git reset -q`
+# them afterwards), which left ~9 MB of tree: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf
+# runs/gguf_parts/part.` then makes two 49.2 MB pieces, and the second call carries the last with .whl
+# (`make device-wheels`, 3.6 MB). With the whole tree it takes nine pieces (`split -n 9`).
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
-# the data are gone. Returns (data) $OUT/data.tgz: stats, logs; (train) $OUT/drafter.tgz.NN,
-# pieces of one tarball (cat them): the drafter and its training log; (evals) $OUT/evals.tgz.NN:
-# scaling table/plot, eval JSON, logs. Training returns the drafter in the call it finishes in,
-# so evals that do not fit that call's time cannot cost the drafter (session 10's last call).
+# the data are gone. Returns (data) $OUT/data.tgz: stats, logs, and $OUT/generated.jsonl.gz.NN, the
+# answered conversations (cat the pieces); (train) $OUT/drafter.tgz.NN, pieces of one tarball (cat
+# them): the drafter and its training log; then $OUT/evals.tgz.NN: eval JSON and tables, logs.
 #
-# Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz) and 22,000
-# function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`), answered
-# interleaved; DROP_SYSTEM of the chats are answered without the system prompt they were written
-# under, as users send them. PROMPTS_S > 0 lets the target write more first.
+# Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
+# function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
+# (comma-separated .jsonl.gz files: session 13 added 45,484 ShareGPT prompts people wrote,
+# shipped/smollm2/data/sharegpt_prompts.py), answered interleaved (SELF_LIMIT: the first N written ones); DROP_SYSTEM of the chats are answered
+# without the system prompt they were written under, as users send them. PROMPTS_S > 0 lets the
+# target write more first.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 W=${W:-runs/smollm2}; mkdir -p $W
 GGUF=$W/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-0}; DATA_S=${DATA_S:-510}; LIMIT=${LIMIT:-0}
-DROP_SYSTEM=${DROP_SYSTEM:-0.75}
+DROP_SYSTEM=${DROP_SYSTEM:-0.75}; EXTRA_PROMPTS=${EXTRA_PROMPTS:-}; SELF_LIMIT=${SELF_LIMIT:-0}
 MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-2048}; VOCAB=${VOCAB:-8192}
-EPOCHS=${EPOCHS:-1.2}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; TRAIN_BATCH=${TRAIN_BATCH:-32}
-EARLIER=${EARLIER:-1000,4000,16000,35230}   # sizes whose evals (session 7) the table keeps
+TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; TRAIN_BATCH=${TRAIN_BATCH:-32}
+LENGTH_GROUP=${LENGTH_GROUP:-64}; PROBE_STEPS=${PROBE_STEPS:-60}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
-RESULTS=benchmarks/results/smollm2_build
+EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
-wheels() {  # gguf, datasketch: not in the GPU image
+wheels() {  # gguf, datasketch, pydantic: not in the GPU image
     [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH="$PWD:/tmp/site"
 }
@@ -51,13 +55,21 @@ assemble() {
     [ -f $W/target/config.json ] || python3 -m drafter export-hf $GGUF $W/target || exit 3  # float32: Q4_1 is exact there
 }
 
+# A returned file is at most 16 MiB: big results come back in pieces (cat them).
+give_back() { split -b 15M -d "$1" "$OUT/$(basename "$1")."; }
+
 # Answers need at most ~700 positions (prompt <= 128 tokens for the written ones, system prompt and
 # template, answer <= 512; stubs are longer, a few are cut): a 1,024-token context keeps every
 # attention span short. What is answered by the time limit is sharded.
 data() {
     wheels; assemble
-    [ -f $W/prompts.jsonl ] || zcat shipped/smollm2/data/self_prompts.jsonl.gz > $W/prompts.jsonl
+    [ -f $W/prompts.jsonl ] || zcat shipped/smollm2/data/self_prompts.jsonl.gz | \
+        { [ "$SELF_LIMIT" = 0 ] && cat || head -n "$SELF_LIMIT"; } > $W/prompts.jsonl
     [ -f $W/code_prompts.jsonl ] || zcat shipped/smollm2/data/code_prompts.jsonl.gz > $W/code_prompts.jsonl
+    files=(--prompts $W/prompts.jsonl --prompts $W/code_prompts.jsonl)
+    for f in ${EXTRA_PROMPTS//,/ }; do
+        x=$W/$(basename "$f" .gz); [ -f "$x" ] || zcat "$f" > "$x"; files+=(--prompts "$x")
+    done
     if [ "$PROMPTS_S" != 0 ]; then
         log "prompts: $N_PROMPTS, at most ${PROMPTS_S}s"
         python3 -m drafter prompts --target $W/target --out $W/prompts.jsonl --num "$N_PROMPTS" \
@@ -65,8 +77,8 @@ data() {
           --concurrency $((4 * BATCH)) --device "$DEVICE" > $W/prompts.log 2>&1
         tail -1 $W/prompts.log | tee $W/prompts_stats.json
     fi
-    log "answers: max $MAX_TOKENS tokens, at most ${DATA_S}s, system prompts dropped from $DROP_SYSTEM"
-    python3 -m drafter data --prompts $W/prompts.jsonl --prompts $W/code_prompts.jsonl --out $W/data \
+    log "answers: max $MAX_TOKENS tokens, at most ${DATA_S}s, system prompts dropped from $DROP_SYSTEM: ${files[*]}"
+    python3 -m drafter data "${files[@]}" --out $W/data \
       --target $W/target --time-limit "$DATA_S" --limit "$LIMIT" --drop-system "$DROP_SYSTEM" \
       --max-tokens "$MAX_TOKENS" --max-batch "$BATCH" --max-context 1024 --concurrency $((4 * BATCH)) \
       --device "$DEVICE" > $W/data.log 2>&1
@@ -75,65 +87,79 @@ data() {
     log "packing"
     tar -C $W -czf "$OUT/data.tgz" data.log data_stats.json vocab.json stages.log $(cd $W && ls prompts.log \
       prompts_stats.json 2>/dev/null)
+    gzip -1 -c $W/data/generated.jsonl > $W/generated.jsonl.gz && give_back $W/generated.jsonl.gz
 }
 
-# The drafter on every conversation answered, with session 7's recipe (EPOCHS passes, batch, lr,
-# schedule), so it extends that session's scaling table; each call trains until TRAIN_S and
-# checkpoints. Once finished: export, and return the drafter.
 records() {
     python3 -c "import json; print(json.load(open('$W/data/index.json'))['records'])" 2>/dev/null \
       || { log "no $W/data: run data first"; exit 3; }
 }
 
+train_args() {  # the recipe: every run of this build, the probe included, trains with these
+    echo --target $W/target --data $W/data --batch-size "$TRAIN_BATCH" --length-group "$LENGTH_GROUP" \
+      --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE"
+}
+
+# Seconds a step, measured on this data with this recipe (steps 21..PROBE_STEPS of a throwaway
+# run: the first ones include CUDA start-up), fix the run's length to TRAIN_BUDGET_S, so its
+# cosine schedule ends where the budget does.
+plan_steps() {
+    [ -f $W/train_steps ] && return
+    rm -rf $W/probe
+    python3 -m drafter train $(train_args) --out $W/probe --max-steps "$PROBE_STEPS" --save-every 100000 \
+      > $W/probe.log 2>&1 || { tail -20 $W/probe.log; exit 3; }
+    python3 - "$W/probe/log.jsonl" "$TRAIN_BUDGET_S" > $W/train_steps <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+per_step = (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / (rows[-1]["step"] - rows[0]["step"])
+print(int(float(sys.argv[2]) / per_step))
+EOF
+    log "probe: $(cat $W/train_steps) steps fit ${TRAIN_BUDGET_S}s ($(tail -1 $W/probe/log.jsonl))"
+}
+
+# The drafter on every conversation answered; each call trains until TRAIN_S and checkpoints.
+# Once finished: export, return the drafter, then evaluate it.
 train() {
     wheels
     n=$(records) || exit 3
-    run=$W/scaling/run_$n; mkdir -p $W/scaling
+    plan_steps
+    steps=$(cat $W/train_steps); run=$W/run
     resume=(); [ -d $run ] && resume=(--resume)
-    log "train: $n conversations, $EPOCHS epochs, at most ${TRAIN_S}s this call ${resume[*]}"
-    python3 -m drafter train --target $W/target --data $W/data --out $run --epochs "$EPOCHS" \
-      --batch-size "$TRAIN_BATCH" --max-length 1024 --ttt-length 7 --lr "$LR" --save-every 200 --log-every 50 \
-      --time-limit "$TRAIN_S" --device "$DEVICE" "${resume[@]}" > $W/scaling/train_$n.log 2>&1
-    tail -1 $W/scaling/train_$n.log | tee $W/train_state.json
+    log "train: $n conversations, $steps steps, at most ${TRAIN_S}s this call ${resume[*]}"
+    python3 -m drafter train $(train_args) --out $run --max-steps "$steps" --save-every 200 \
+      --time-limit "$TRAIN_S" "${resume[@]}" > $W/train.log 2>&1
+    tail -1 $W/train.log | tee $W/train_state.json
     if ! grep -q '"finished": true' $W/train_state.json; then
         log "not finished: call train again"
-        tar -C $W -czf "$OUT/train_partial.tgz" stages.log train_state.json scaling/train_$n.log
+        tar -C $W -czf "$OUT/train_partial.tgz" stages.log train_state.json train.log run/log.jsonl
         return
     fi
-    python3 -m drafter export $run $W/scaling/drafter_$n --dtype bfloat16 >> $W/scaling/train_$n.log 2>&1
-    log "exported drafter_$n: returning it; call evals next"
-    rm -rf $W/drafter && cp -r $W/scaling/drafter_$n $W/drafter
-    tar -C $W -czf $W/drafter.tgz drafter stages.log scaling/train_$n.log scaling/run_$n/log.jsonl
-    split -b 15M -d $W/drafter.tgz "$OUT/drafter.tgz."   # a returned file is at most 16 MiB
+    rm -rf $W/drafter
+    python3 -m drafter export $run $W/drafter --dtype bfloat16 >> $W/train.log 2>&1
+    log "exported the drafter: returning it, then evals"
+    tar -C $W -czf $W/drafter.tgz drafter stages.log train.log run/log.jsonl run/train_config.json \
+      probe/log.jsonl data_stats.json vocab.json
+    give_back $W/drafter.tgz
+    evals
 }
 
-# The trained drafter in the scaling table (the earlier sizes' evals kept) and the three held-out
-# sets at steps 1..6.
+# The new drafter (and EVAL_DRAFTS beside it) on the three held-out sets at steps 1..6.
 evals() {
     wheels
-    n=$(records) || exit 3
-    [ -d $W/scaling/drafter_$n ] || { log "no drafter_$n: run train until it finishes"; exit 3; }
-    for size in ${EARLIER//,/ }; do   # earlier sizes: their evals, not trained again
-        src=$RESULTS/scaling_runs/eval_$size.json; [ -f $src ] || src=$RESULTS/eval_chat.json
-        cp $src $W/scaling/eval_$size.json
-    done
-    log "scaling table: $EARLIER + $n"
-    python3 shipped/smollm2/data_scaling.py --target $W/target --data $W/data --sizes "$EARLIER,$n" \
-      --prompts shipped/smollm2/heldout/chat.jsonl --eval-prompts "$EVAL_PROMPTS" --max-tokens "$EVAL_TOKENS" \
-      --steps "$EVAL_STEPS" --device "$DEVICE" --work-dir $W/scaling --out-dir $W/scaling_out 2>&1 | tee $W/scaling.log
-    cp $W/scaling/eval_$n.json $W/eval_chat.json; cp $W/scaling/eval_$n.log $W/eval_chat.txt
-    log "evals of drafter_$n: humaneval, completion (side by side)"
-    for set in humaneval completion; do
-        python3 -m drafter eval --target $W/target --draft $W/scaling/drafter_$n \
+    [ -d $W/drafter ] || { log "no drafter: run train until it finishes"; exit 3; }
+    drafts=(--draft $W/drafter); for d in ${EVAL_DRAFTS//,/ }; do drafts+=(--draft "$d"); done
+    log "evals: chat, humaneval, completion at steps $EVAL_STEPS: ${drafts[*]}"
+    for set in chat humaneval completion; do
+        python3 -m drafter eval --target $W/target "${drafts[@]}" \
           --prompts shipped/smollm2/heldout/$set.jsonl --steps "$EVAL_STEPS" --max-tokens "$EVAL_TOKENS" \
           --limit "$EVAL_PROMPTS" --max-batch 256 --device "$DEVICE" --out $W/eval_$set.json \
           > $W/eval_$set.txt 2>> $W/eval.log &
     done
     wait; cat $W/eval_chat.txt $W/eval_humaneval.txt $W/eval_completion.txt
     log "packing"
-    tar -C $W -czf $W/evals.tgz scaling_out eval_chat.json eval_humaneval.json eval_completion.json \
-      scaling.log eval.log stages.log scaling/eval_$n.json
-    split -b 15M -d $W/evals.tgz "$OUT/evals.tgz."
+    tar -C $W -czf $W/evals.tgz eval_chat.json eval_humaneval.json eval_completion.json eval_chat.txt \
+      eval_humaneval.txt eval_completion.txt eval.log stages.log
+    give_back $W/evals.tgz
 }
 
 case "${1:-}" in

