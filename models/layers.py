@@ -184,33 +184,6 @@ def concat_linears(parts: list[nn.Module]) -> nn.Module | None:
     return fused
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                      fold: bool | None = None) -> torch.Tensor:
-    """SDPA over q [B, H, T, D] and k, v [B, KVH, S, D] (H a multiple of KVH); mask [B or 1, 1, T, S]
-    bool, or None for causal.
-
-    On CUDA, SDPA's `enable_gqa` is served by the flash and math kernels only, and flash takes no
-    mask: every masked call (decode, verification, the drafter's training-time test) fell to the
-    math kernel, which materialises the whole score matrix in float32. Folding the H / KVH query
-    heads that share a KV head into the query length (mask repeated to match) makes it plain
-    attention, which the memory-efficient kernel serves, with no copy of K or V. `fold` (default:
-    masked CUDA calls) is explicit for tests."""
-    h, kvh = q.shape[1], k.shape[1]
-    if h == kvh:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-    if fold is None:
-        fold = mask is not None and q.is_cuda
-    if not fold:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-    b, _, t, d = q.shape
-    g = h // kvh
-    if mask is None:
-        mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril()[None, None]   # SDPA's is_causal
-    folded = q.reshape(b, kvh, g * t, d)                    # row gi * T + ti: head j * g + gi, query ti
-    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(1, 1, g, 1))
-    return out.reshape(b, h, t, d)
-
-
 class Attention(nn.Module):
     def __init__(self, in_dim: int, heads: int, kv_heads: int, head_dim: int, out_dim: int, bias: bool = False):
         super().__init__()
@@ -243,10 +216,13 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is None or inputs is None:
             # Cache-less causal attention (training, parity tests); mask given by caller or causal.
-            out = grouped_attention(q, k, v, inputs.mask if inputs is not None else None)
+            mask = inputs.mask if inputs is not None else None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                 enable_gqa=self.heads != self.kv_heads)
         else:
             k, v = self.kv_cache.update(k, v, inputs)
-            out = grouped_attention(q, k, v, inputs.mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask,
+                                                 enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
