@@ -111,6 +111,9 @@ def _vllm_args(a) -> dict:
 
 def cmd_train(a) -> int:
     from drafter.train import TrainConfig, train
+    # Before CUDA's first allocation: a segment that grows in place keeps the varying shapes of
+    # training batches from fragmenting the cache into blocks that no later batch fits.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     c = TrainConfig(
         target=a.target, data=a.data, out=a.out, vocab=a.vocab,
         aux_layers=_ints(a.aux_layers) if a.aux_layers else None, aux_convention=a.aux_convention,
@@ -123,6 +126,7 @@ def cmd_train(a) -> int:
         batch_size=a.batch_size, length_group=a.length_group, grad_accum=a.grad_accum, max_length=a.max_length,
         epochs=a.epochs,
         limit_samples=a.limit_samples, max_steps=a.max_steps, stop_at=a.stop_at, time_limit_s=a.time_limit,
+        time_budget_s=a.time_budget,
         save_every=a.save_every, keep_checkpoints=a.keep, log_every=a.log_every,
         seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
     from drafter.spool import SpoolError
@@ -312,6 +316,9 @@ def parser() -> argparse.ArgumentParser:
                    help="end this run after step N with a checkpoint; continue later with --resume")
     t.add_argument("--time-limit", type=float, default=0,
                    help="seconds: end this run with a checkpoint once they have passed; continue with --resume")
+    t.add_argument("--time-budget", type=float, default=0,
+                   help="seconds of training: the run's length, its cosine schedule spread over them "
+                        "(replaces --epochs/--max-steps; several --time-limit calls add up with --resume)")
     t.add_argument("--save-every", type=int, default=1000)
     t.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
     t.add_argument("--log-every", type=int, default=10)

@@ -112,13 +112,23 @@ def _tail(log: Path | None, n: int = 4000) -> str:
 
 # -- sources -------------------------------------------------------------------------------
 class InLoopSource:
-    """The native target in the loop: features and logits computed per micro-batch."""
+    """The native target in the loop: features and logits computed per micro-batch.
+
+    On GPU a micro-batch is padded (loss mask 0) to a multiple of PAD_MULTIPLE tokens, so a run
+    sees a few dozen shapes instead of one per length: each new shape costs the caching
+    allocator fresh blocks, and session 13's H200 run went from ~1.1 s a step at its start to
+    ~0.4 s as the shapes it had met piled up, where the same step's kernels take ~0.1-0.2 s
+    (benchmarks/results/attention_kernels/train_step_h200.md)."""
+
+    PAD_MULTIPLE = 64
 
     def __init__(self, target, batches: Batches, device: torch.device):
         self.target, self.batches, self.device = target, batches, device
 
     def get(self, g: int):
         ids, mask, epoch = self.batches.get(g)
+        if self.device.type == "cuda" and (short := -ids.shape[1] % self.PAD_MULTIPLE):
+            ids, mask = torch.nn.functional.pad(ids, (0, short)), torch.nn.functional.pad(mask, (0, short))
         ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
         out = self.target(ids, capture_aux=True)
         return ids, mask, out.aux_hidden, out.logits, epoch

@@ -90,6 +90,7 @@ class TrainConfig:
     max_steps: int = 0                       # 0: from epochs
     stop_at: int = 0                         # end this run after this step (schedule still spans max_steps)
     time_limit_s: float = 0                  # > 0: end this run (with a checkpoint) once this long has passed
+    time_budget_s: float = 0                 # > 0: the run's length in training seconds (replaces epochs/max_steps)
     save_every: int = 1000
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -183,6 +184,14 @@ def lr_at(step: int, total: int, warmup: int, base: float, min_ratio: float) -> 
     return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def lr_at_time(seconds: float, budget: float, warmup_ratio: float, base: float, min_ratio: float) -> float:
+    """lr_at with training seconds for steps: a time-budgeted run's schedule ends with its budget,
+    however fast its steps turn out to be (they vary with the device, the data's lengths and the
+    allocator's warm-up: session 13's step-count probe was off by 1.6x)."""
+    scale = 10**6
+    return lr_at(int(scale * seconds / budget), scale, int(scale * warmup_ratio), base, min_ratio)
+
+
 # -- checkpoints ---------------------------------------------------------------------------
 def checkpoints(out: Path) -> list[Path]:
     """Complete checkpoints (state.pt is written last), oldest first."""
@@ -194,11 +203,11 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(out: Path, step: int, d: Eagle3Drafter, opt, keep: int) -> Path:
+def save_checkpoint(out: Path, step: int, d: Eagle3Drafter, opt, keep: int, trained_s: float = 0.0) -> Path:
     path = out / CKPT_DIR / f"step-{step:08d}"
     path.mkdir(parents=True, exist_ok=True)
     save_file(trainable_state(d), str(path / WEIGHTS))
-    torch.save({"step": step, "optimizer": opt.state_dict()}, path / STATE)
+    torch.save({"step": step, "optimizer": opt.state_dict(), "trained_s": trained_s}, path / STATE)
     for old in checkpoints(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return path
@@ -227,6 +236,17 @@ def _out_of_time(c: TrainConfig, started: float, d: Dist, device) -> bool:
     flag = torch.tensor([float(late)], device=device)
     dist.broadcast(flag, 0)
     return bool(flag.item())
+
+
+def _trained_seconds(before: float, loop_start: float, d: Dist, device) -> float:
+    """Training seconds so far (earlier calls' included); every rank takes rank 0's clock, so
+    their learning rates and their stop agree."""
+    seconds = before + time.time() - loop_start
+    if d.world == 1:
+        return seconds
+    t = torch.tensor([seconds], device=device, dtype=torch.float64)
+    dist.broadcast(t, 0)
+    return float(t.item())
 
 
 def train(c: TrainConfig) -> dict:
@@ -272,20 +292,21 @@ def train(c: TrainConfig) -> dict:
     model = TTTModel(drafter, c.ttt_length, c.step_weight)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=cuda)
-    start = 0
+    start, trained_before = 0, 0.0
     if ckpt is not None:
         state = load_file(str(ckpt / WEIGHTS), device=str(device))
         drafter.load_state_dict({**state, "embed_tokens.weight": drafter.embed_tokens.weight}, strict=True)
         st = torch.load(ckpt / STATE, map_location=device, weights_only=True)
         opt.load_state_dict(st["optimizer"])
-        start = st["step"]
+        start, trained_before = st["step"], st.get("trained_s", 0.0)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[d.local_rank] if cuda else None) if d.world > 1 else model
 
     data = TokenShards(c.data)
     batches = Batches(data, c.batch_size, c.max_length, c.seed, c.limit_samples, c.length_group)
     micro_per_step = c.grad_accum * d.world
-    total = c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
+    budget = c.time_budget_s
+    total = 10**9 if budget > 0 else c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
     warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * total)
     used, t2d = vocab.used.to(device), drafter.t2d
 
@@ -302,15 +323,18 @@ def train(c: TrainConfig) -> dict:
                             capture_store=capture_store, first=start * micro_per_step, end=total * micro_per_step,
                             out=out)
     log = open(out / "log.jsonl", "a") if d.main else None
-    bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not d.main)
+    bar = tqdm(total=None if budget > 0 else total, initial=start, desc="train", unit="step", disable=not d.main)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     k = c.ttt_length
     acc_stats, n_batches, tokens, t0 = torch.zeros(4 * k + 1, device=device), 0, 0, time.time()
     model.train()
-    done = start
+    done, trained_s, loop_start = start, trained_before, time.time()
     try:
         for step in range(start, total):
-            lr = lr_at(step, total, warmup, c.lr, c.min_lr_ratio)
+            if budget > 0:
+                lr = lr_at_time(trained_s, budget, c.warmup_ratio, c.lr, c.min_lr_ratio)
+            else:
+                lr = lr_at(step, total, warmup, c.lr, c.min_lr_ratio)
             for g in opt.param_groups:
                 g["lr"] = lr
             for a in range(c.grad_accum):
@@ -330,6 +354,7 @@ def train(c: TrainConfig) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
             done = step + 1
+            trained_s = _trained_seconds(trained_before, loop_start, d, device)
             bar.update(1)
             if done % c.log_every == 0 or done == total:
                 s = _reduce(acc_stats.clone(), d)
@@ -339,7 +364,7 @@ def train(c: TrainConfig) -> dict:
                 rec = {"step": done, "epoch": epoch, "lr": lr, "loss": round(sum(
                     c.step_weight ** i * x for i, x in enumerate(summary["loss_per_step"])), 4),
                     "grad_norm": round(float(grad_norm), 4), **summary, "loss_tokens": int(nb[1]),
-                    "elapsed_s": round(time.time() - t0, 2)}
+                    "elapsed_s": round(time.time() - t0, 2), "trained_s": round(trained_s, 2)}
                 if d.main:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
@@ -347,10 +372,11 @@ def train(c: TrainConfig) -> dict:
                                     accept=summary["sim_accept_length"][min(2, k - 1)])
                 acc_stats.zero_()
                 n_batches, tokens = 0, 0
+            spent = budget > 0 and trained_s >= budget
             stop = (bool(c.stop_at) and done >= c.stop_at) or _out_of_time(c, started, d, device)
-            if d.main and (done % c.save_every == 0 or done == total or stop):
-                save_checkpoint(out, done, drafter, opt, c.keep_checkpoints)
-            if stop:
+            if d.main and (done % c.save_every == 0 or done == total or stop or spent):
+                save_checkpoint(out, done, drafter, opt, c.keep_checkpoints, trained_s)
+            if stop or spent:
                 break
     finally:
         source.close()
@@ -360,4 +386,6 @@ def train(c: TrainConfig) -> dict:
     if d.world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return {"run": str(out), "step": done, "steps": total, "finished": done >= total}
+    finished = done >= total or (budget > 0 and trained_s >= budget)
+    return {"run": str(out), "step": done, "steps": done if budget > 0 else total, "finished": finished,
+            "trained_s": round(trained_s, 1)}

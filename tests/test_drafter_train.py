@@ -119,3 +119,25 @@ def test_length_grouped_batches_cover_every_conversation_once_with_less_padding(
         assert [again.indices(g)[0] for g in range(epoch * 32, (epoch + 1) * 32)] == batches
         assert padded(grouped, epoch) < 0.7 * padded(random, epoch)
     assert grouped.indices(0)[0] != grouped.indices(32)[0]      # epochs differ
+
+
+def test_time_budget_spreads_the_schedule_over_seconds_across_resumed_calls(setup):
+    """A --time-budget run ends when its training seconds reach the budget, over several
+    --time-limit calls, with the learning rate decayed to its floor at the end."""
+    root, target, data = setup
+    args = ["train", "--target", str(target), "--data", str(data), "--out", str(root / "budget"), "--batch-size", "2",
+            "--lr", "1e-3", "--ttt-length", "2", "--log-every", "1", "--time-budget", "4", "--time-limit", "2"]
+    assert drafter(args) == 0
+    first = [json.loads(line) for line in (root / "budget" / "log.jsonl").read_text().splitlines()]
+    assert first[-1]["trained_s"] < 4
+    for _ in range(4):   # each call ends at its time limit (load included) until the budget is spent
+        assert drafter(args + ["--resume"]) == 0
+        rows = [json.loads(line) for line in (root / "budget" / "log.jsonl").read_text().splitlines()]
+        if rows[-1]["trained_s"] >= 4:
+            break
+    assert rows[-1]["trained_s"] >= 4 > rows[-2]["trained_s"]
+    assert rows[-1]["step"] > first[-1]["step"]
+    assert [r["trained_s"] for r in rows] == sorted(r["trained_s"] for r in rows)   # resumed, not restarted
+    assert rows[-1]["lr"] < 0.05 * max(r["lr"] for r in rows)
+    state = torch.load(sorted((root / "budget" / "checkpoints").iterdir())[-1] / "state.pt", weights_only=True)
+    assert state["trained_s"] >= 4

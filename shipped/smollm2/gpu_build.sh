@@ -6,10 +6,9 @@
 #   bash shipped/smollm2/gpu_build.sh part     # calls 1..P-1: the carried GGUF piece stays in runs/gguf_parts
 #   bash shipped/smollm2/gpu_build.sh data     # call P: last piece -> GGUF (sha256 checked) -> HF folder;
 #                                              #   [the target writes prompts;] it answers them; shards; vocab
-#   bash shipped/smollm2/gpu_build.sh train    # calls P+1..: the first measures seconds a step (a probe run)
-#                                              #   and fixes the run's steps to TRAIN_BUDGET_S; each call trains
-#                                              #   until TRAIN_S with a checkpoint; once finished: export, return
-#                                              #   the drafter at once, then held-out evals in what is left
+#   bash shipped/smollm2/gpu_build.sh train    # calls P+1..: TRAIN_BUDGET_S seconds of training in all, each
+#                                              #   call until TRAIN_S with a checkpoint; once spent: export,
+#                                              #   return the drafter at once, then held-out evals in what is left
 #   bash shipped/smollm2/gpu_build.sh evals    # held-out evals at steps 1..6 (again, or if train ran out)
 #
 # Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
@@ -38,7 +37,7 @@ N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-0}; DATA_S=${DATA_S:-510};
 DROP_SYSTEM=${DROP_SYSTEM:-0.75}; EXTRA_PROMPTS=${EXTRA_PROMPTS:-}; SELF_LIMIT=${SELF_LIMIT:-0}
 MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-2048}; VOCAB=${VOCAB:-8192}
 TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; TRAIN_BATCH=${TRAIN_BATCH:-32}
-LENGTH_GROUP=${LENGTH_GROUP:-64}; PROBE_STEPS=${PROBE_STEPS:-60}
+LENGTH_GROUP=${LENGTH_GROUP:-64}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
@@ -95,39 +94,17 @@ records() {
       || { log "no $W/data: run data first"; exit 3; }
 }
 
-train_args() {  # the recipe: every run of this build, the probe included, trains with these
-    echo --target $W/target --data $W/data --batch-size "$TRAIN_BATCH" --length-group "$LENGTH_GROUP" \
-      --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE"
-}
-
-# Seconds a step, measured on this data with this recipe (steps 21..PROBE_STEPS of a throwaway
-# run: the first ones include CUDA start-up), fix the run's length to TRAIN_BUDGET_S, so its
-# cosine schedule ends where the budget does.
-plan_steps() {
-    [ -f $W/train_steps ] && return
-    rm -rf $W/probe
-    python3 -m drafter train $(train_args) --out $W/probe --max-steps "$PROBE_STEPS" --save-every 100000 \
-      > $W/probe.log 2>&1 || { tail -20 $W/probe.log; exit 3; }
-    python3 - "$W/probe/log.jsonl" "$TRAIN_BUDGET_S" > $W/train_steps <<'EOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-per_step = (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / (rows[-1]["step"] - rows[0]["step"])
-print(int(float(sys.argv[2]) / per_step))
-EOF
-    log "probe: $(cat $W/train_steps) steps fit ${TRAIN_BUDGET_S}s ($(tail -1 $W/probe/log.jsonl))"
-}
-
-# The drafter on every conversation answered; each call trains until TRAIN_S and checkpoints.
-# Once finished: export, return the drafter, then evaluate it.
+# The drafter on every conversation answered, for TRAIN_BUDGET_S seconds of training (its cosine
+# schedule spread over them: `drafter train --time-budget`), each call until TRAIN_S with a checkpoint.
+# Once the budget is spent: export, return the drafter, then evaluate it.
 train() {
     wheels
     n=$(records) || exit 3
-    plan_steps
-    steps=$(cat $W/train_steps); run=$W/run
-    resume=(); [ -d $run ] && resume=(--resume)
-    log "train: $n conversations, $steps steps, at most ${TRAIN_S}s this call ${resume[*]}"
-    python3 -m drafter train $(train_args) --out $run --max-steps "$steps" --save-every 200 \
-      --time-limit "$TRAIN_S" "${resume[@]}" > $W/train.log 2>&1
+    run=$W/run; resume=(); [ -d $run ] && resume=(--resume)
+    log "train: $n conversations, ${TRAIN_BUDGET_S}s of training, at most ${TRAIN_S}s this call ${resume[*]}"
+    python3 -m drafter train --target $W/target --data $W/data --out $run --batch-size "$TRAIN_BATCH" \
+      --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" \
+      --time-budget "$TRAIN_BUDGET_S" --time-limit "$TRAIN_S" --save-every 200 "${resume[@]}" > $W/train.log 2>&1
     tail -1 $W/train.log | tee $W/train_state.json
     if ! grep -q '"finished": true' $W/train_state.json; then
         log "not finished: call train again"
@@ -138,7 +115,7 @@ train() {
     python3 -m drafter export $run $W/drafter --dtype bfloat16 >> $W/train.log 2>&1
     log "exported the drafter: returning it, then evals"
     tar -C $W -czf $W/drafter.tgz drafter stages.log train.log run/log.jsonl run/train_config.json \
-      probe/log.jsonl data_stats.json vocab.json
+      data_stats.json vocab.json
     give_back $W/drafter.tgz
     evals
 }
