@@ -1,15 +1,19 @@
-"""ab_run.sh's rounds: each side's output tok/s against plain decoding's in the same round, per
-round and as the median of the rounds, written as summary.md beside the rounds' JSON.
+"""ab_run.sh's rounds: each side's output tok/s against the base side's (BASE, default plain) in the
+same round, per round and as the median of the rounds, written as summary.md (summary_BASE.md for
+another base) beside the rounds' JSON.
 
   python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain [table_t2 ...]
+  BASE=plain_t2 python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain plain_t2
 """
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
 
 out, sides = Path(sys.argv[1]), sys.argv[2:]
-others = [s for s in sides if s != "plain"]
+base = os.environ.get("BASE", "plain")
+others = [s for s in sides if s != base]
 
 
 def tok_s(side: str, r: int, c: int) -> float:
@@ -18,13 +22,13 @@ def tok_s(side: str, r: int, c: int) -> float:
 
 rounds = [r for r in range(1, 100) if all((out / f"{s}_r{r}_c8.json").is_file() for s in sides)]
 head = (["round"] + [f"{s} c={c}" for c in (1, 8) for s in sides]
-        + [f"{s} / plain c={c}" for c in (1, 8) for s in others])
+        + [f"{s} / {base} c={c}" for c in (1, 8) for s in others])
 rows, ratios = [], {(s, c): [] for s in others for c in (1, 8)}
 for r in rounds:
     cells = [f"{tok_s(s, r, c):.1f}" for c in (1, 8) for s in sides]
     for c in (1, 8):
         for s in others:
-            ratios[(s, c)].append(tok_s(s, r, c) / tok_s("plain", r, c))
+            ratios[(s, c)].append(tok_s(s, r, c) / tok_s(base, r, c))
     cells += [f"{ratios[(s, c)][-1]:.2f}x" for c in (1, 8) for s in others]
     rows.append([str(r)] + cells)
 med = [f"**{statistics.median(ratios[(s, c)]):.2f}x** ({min(ratios[(s, c)]):.2f}-{max(ratios[(s, c)]):.2f})"
@@ -32,5 +36,5 @@ med = [f"**{statistics.median(ratios[(s, c)]):.2f}x** ({min(ratios[(s, c)]):.2f}
 rows.append(["median (range)"] + [""] * (2 * len(sides)) + med)
 text = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "".join(
     "| " + " | ".join(r) + " |\n" for r in rows)
-(out / "summary.md").write_text(text)
+(out / ("summary.md" if base == "plain" else f"summary_{base}.md")).write_text(text)
 print(text)
