@@ -111,9 +111,6 @@ def _vllm_args(a) -> dict:
 
 def cmd_train(a) -> int:
     from drafter.train import TrainConfig, train
-    # Before CUDA's first allocation: a segment that grows in place keeps the varying shapes of
-    # training batches from fragmenting the cache into blocks that no later batch fits.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     c = TrainConfig(
         target=a.target, data=a.data, out=a.out, vocab=a.vocab,
         aux_layers=_ints(a.aux_layers) if a.aux_layers else None, aux_convention=a.aux_convention,

@@ -101,6 +101,10 @@ train() {
     wheels
     n=$(records) || exit 3
     run=$W/run; resume=(); [ -d $run ] && resume=(--resume)
+    # Segments that grow in place: batches of ever-changing lengths otherwise fragment the CUDA
+    # cache (session 13's steps took 0.4-1.1 s where their kernels take 0.1-0.2 s). Only for the
+    # native in-loop trainer: vLLM's hidden-states connector refuses it in a capture process.
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
     log "train: $n conversations, ${TRAIN_BUDGET_S}s of training, at most ${TRAIN_S}s this call ${resume[*]}"
     python3 -m drafter train --target $W/target --data $W/data --out $run --batch-size "$TRAIN_BATCH" \
       --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" \
