@@ -1,5 +1,6 @@
 """Training mechanics: resume continues bit for bit, the drafter starts from the target's
-lm_head rows and never stores the embedding, and the learning-rate schedule."""
+lm_head rows and never stores the embedding, the learning-rate schedule (by steps, or by training
+seconds across resumed calls), and length-grouped batches."""
 import json
 import math
 
@@ -82,7 +83,6 @@ def test_aux_layers_are_trained_in_ascending_order(setup):
     """SGLang and vLLM concatenate aux layers ascending, so training does too, whatever the flag's order."""
     run = _train(setup, "unordered", "--aux-layers", "3,0,2", "--max-steps", "1")
     assert json.loads((run / "drafter_config.json").read_text())["aux_layer_ids"] == [0, 2, 3]
-
 
 
 class _Conversations:
