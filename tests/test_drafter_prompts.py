@@ -303,3 +303,29 @@ def test_prompts_end_to_end_mix_and_resume(writer_model, tmp_path):
     assert len(generated) == len(recs)
     assert all("completion" in generated[r["id"]] for r in recs if "prompt" in r)
     assert all(generated[r["id"]]["messages"][-1]["role"] == "assistant" for r in recs if "messages" in r)
+
+
+def test_sharegpt_prompts_read_a_cut_file_and_keep_nothing_near_a_heldout_prompt(tmp_path):
+    """shipped/smollm2/data/sharegpt_prompts.py: the package's file is cut mid-record; every whole
+    record before the cut is read, and a prompt that repeats (or nearly repeats) a held-out one,
+    a non-English one and a repeat are dropped."""
+    import gzip
+
+    from shipped.smollm2.data import sharegpt_prompts
+
+    heldout = json.loads((sharegpt_prompts.HELDOUT / "chat.jsonl").read_text().splitlines()[0])
+    held = heldout["messages"][0]["content"]
+    sort = "How do I sort a list of dictionaries by a key in Python?"
+    convs = [("a_0", [sort, "Now do it in reverse order, please."]),
+             ("b_0", [held]), ("c_0", [held.replace(".", "!")]),
+             ("d_0", ["Wie spät ist es? Erklären Sie Zeitzonen für mich."]),
+             ("e_0", [sort]),
+             ("f_0", ["What causes the seasons on Earth, and why is it not the distance from the Sun?"])]
+    text = json.dumps([{"id": i, "conversations": [{"from": "human", "value": t} for t in turns]}
+                       for i, turns in convs])
+    src = tmp_path / "sharegpt.json"
+    src.write_text(text[:-40])      # cut inside the last record
+    out = tmp_path / "prompts.jsonl.gz"
+    sharegpt_prompts.main(["--out", str(out), "--file", str(src)])
+    kept = [json.loads(line)["messages"][0]["content"] for line in gzip.open(out, "rt")]
+    assert kept == [sort, "Now do it in reverse order, please."]

@@ -68,13 +68,14 @@ def heldout_texts() -> Iterator[str]:
             yield rec.get("prompt") or rec["messages"][-1]["content"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="prompt JSONL (.gz: compressed)")
+    ap.add_argument("--file", type=Path, help="a ShareGPT JSON file (default: the package's)")
     ap.add_argument("--first-turns-only", action="store_true", help="conversation openers only")
     ap.add_argument("--min-chars", type=int, default=24)
     ap.add_argument("--max-chars", type=int, default=2000)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     filters = FilterConfig(min_chars=a.min_chars, max_chars=a.max_chars, max_tokens=10**9)
     dedup = Deduplicator(filters.near_duplicate)
     for text in heldout_texts():
@@ -82,7 +83,7 @@ def main() -> None:
     stats: Counter = Counter()
     opener = gzip.open if a.out.endswith(".gz") else open
     with opener(a.out, "wt", encoding="utf-8") as f:
-        for rec in records(package_file()):
+        for rec in records(a.file or package_file()):
             turns = [t["value"] for t in rec.get("conversations", []) if t.get("from") == "human"]
             first = str(rec.get("id", "")).endswith("_0")   # the file splits long chats into _0, _1, ...
             for k, text in enumerate(turns[:1] if a.first_turns_only else turns):
