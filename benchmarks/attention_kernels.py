@@ -20,7 +20,6 @@ training-time test, so the engine keeps `enable_gqa`.
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.report import md_table, provenance, write_result
+from benchmarks.timing import eager_cuda_ms
 
 # name: (batch, heads, kv_heads, queries, keys, head_dim, backward)
 CASES = {
@@ -39,21 +39,6 @@ CASES = {
     "smollm2_ttt_step6_t512": (32, 9, 3, 512, 7 * 512, 64, True),
     "smollm2_ttt_step6_t509": (32, 9, 3, 509, 7 * 509, 64, True),   # key length not a multiple of 8
 }
-
-
-def cuda_ms(fn, warmup: int = 3, iters: int = 10, rounds: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
 
 
 def folded_attention(q, k, v, mask):
@@ -82,7 +67,7 @@ def sdpa_case(b, h, kvh, t, s, d, backward, fold: bool) -> float:
     if fold:
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
             call()   # raises if the memory-efficient kernel cannot take the folded call
-    return cuda_ms(call)
+    return eager_cuda_ms(call)
 
 
 def main() -> None:

@@ -38,6 +38,24 @@ def time_ms(fn, device: torch.device, iters: int, rounds: int = 5) -> float:
     return statistics.median(groups)
 
 
+def eager_cuda_ms(fn, warmup: int = 3, iters: int = 10, rounds: int = 5) -> float:
+    """Median milliseconds per call of `fn` run eagerly on the GPU (CUDA events around `iters`
+    calls, median of `rounds`): for work a CUDA graph cannot hold, such as a backward pass and an
+    optimizer step."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
 def copy_bandwidth(gib: int = 4) -> float:
     """Bytes read + written per second by a device-to-device copy of `gib` GiB on the current GPU."""
     src = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.attention_kernels import cuda_ms
 from benchmarks.report import md_table, provenance, write_result
 from benchmarks.shapes import random_drafter, random_target
+from benchmarks.timing import eager_cuda_ms
 from drafter.ttt import TTTModel, target_draft_probs
 
 
@@ -62,8 +62,10 @@ def main() -> None:
         def host_copy():
             ids.cpu().to(dev, non_blocking=True)
 
-        parts = {"target_forward": cuda_ms(fwd, iters=3, rounds=3), "draft_probs": cuda_ms(probs, iters=3, rounds=3),
-                 "ttt_fwd_bwd_opt": cuda_ms(ttt, warmup=2, iters=3, rounds=3), "ids_round_trip": cuda_ms(host_copy)}
+        parts = {"target_forward": eager_cuda_ms(fwd, iters=3, rounds=3),
+                 "draft_probs": eager_cuda_ms(probs, iters=3, rounds=3),
+                 "ttt_fwd_bwd_opt": eager_cuda_ms(ttt, warmup=2, iters=3, rounds=3),
+                 "ids_round_trip": eager_cuda_ms(host_copy)}
         result["parts"][f"{batch}x{seq}"] = parts
         rows += [[f"{batch}x{seq}", k, round(v, 2)] for k, v in parts.items()]
         print(rows[-4:], flush=True)

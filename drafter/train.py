@@ -308,6 +308,7 @@ def train(c: TrainConfig) -> dict:
     budget = c.time_budget_s
     if budget > 0 and c.max_steps:
         raise ValueError("--time-budget is the run's length: it takes no --max-steps")
+    # A time-budgeted run has no step count: the loop ends on the budget (`spent`), not on `total`.
     total = 10**9 if budget > 0 else c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
     warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * total)
     used, t2d = vocab.used.to(device), drafter.t2d

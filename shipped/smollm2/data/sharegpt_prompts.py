@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from drafter.prompt_filter import Deduplicator, FilterConfig, reject_reason  # noqa: E402
+from drafter.prompts import parse_record, read_prompts  # noqa: E402
 
 FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 HELDOUT = ROOT / "shipped" / "smollm2" / "heldout"
@@ -63,9 +65,8 @@ def english(text: str, max_other: float = 0.05) -> bool:
 
 def heldout_texts() -> Iterator[str]:
     for f in sorted(HELDOUT.glob("*.jsonl")):
-        for line in f.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            yield rec.get("prompt") or rec["messages"][-1]["content"]
+        for conv in read_prompts(f):
+            yield conv.raw_prompt or conv.first_prompt()[-1]["content"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,7 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     opener = gzip.open if a.out.endswith(".gz") else open
     with opener(a.out, "wt", encoding="utf-8") as f:
         for rec in records(a.file or package_file()):
-            turns = [t["value"] for t in rec.get("conversations", []) if t.get("from") == "human"]
+            try:
+                turns = [m["content"] for m in parse_record(rec, "").messages if m["role"] == "user"]
+            except ValueError:
+                stats["unreadable"] += 1
+                continue
             first = str(rec.get("id", "")).endswith("_0")   # the file splits long chats into _0, _1, ...
             for k, text in enumerate(turns[:1] if a.first_turns_only else turns):
                 text = text.strip()
