@@ -249,6 +249,17 @@ def _trained_seconds(before: float, loop_start: float, d: Dist, device) -> float
     return float(t.item())
 
 
+def _memory(device: torch.device) -> dict:
+    """CUDA allocator figures for the log: retries (a failed cudaMalloc that freed the cache and
+    tried again, which synchronizes) were session 13's suspect for steps 3-5x slower than their
+    kernels."""
+    if device.type != "cuda":
+        return {}
+    s = torch.cuda.memory_stats(device)
+    return {"alloc_retries": s.get("num_alloc_retries", 0), "cuda_mallocs": s.get("num_device_alloc", 0),
+            "peak_gb": round(s.get("allocated_bytes.all.peak", 0) / 2**30, 1)}
+
+
 def train(c: TrainConfig) -> dict:
     """Train (or resume) the run; returns where it stands: {"run", "step", "steps", "finished"}."""
     started = time.time()
@@ -367,7 +378,7 @@ def train(c: TrainConfig) -> dict:
                 rec = {"step": done, "epoch": epoch, "lr": lr, "loss": round(sum(
                     c.step_weight ** i * x for i, x in enumerate(summary["loss_per_step"])), 4),
                     "grad_norm": round(float(grad_norm), 4), **summary, "loss_tokens": int(nb[1]),
-                    "elapsed_s": round(time.time() - t0, 2), "trained_s": round(trained_s, 2)}
+                    "elapsed_s": round(time.time() - t0, 2), "trained_s": round(trained_s, 2), **_memory(device)}
                 if d.main:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
