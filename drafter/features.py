@@ -115,11 +115,10 @@ class InLoopSource:
     """The native target in the loop: features and logits computed per micro-batch.
 
     On GPU a micro-batch is padded (loss mask 0) to a multiple of PAD_MULTIPLE tokens, so a run
-    sees at most a few dozen shapes instead of one per length. Session 13's H200 run went from
-    ~1.1 s a step at its start to ~0.4 s as it went on, where the same step's kernels take
-    ~0.1-0.2 s at fixed shapes (benchmarks/results/attention_kernels/train_step_h200.md): a cost
-    paid per new shape (the caching allocator's blocks, per-shape kernel choices) is the
-    suspect, not yet confirmed on a GPU."""
+    sees at most a few dozen shapes instead of one per length. Session 13's H200 steps took
+    0.4-1.1 s where their kernels take ~0.1 s; with this padding and expandable CUDA segments
+    (shipped/smollm2/gpu_build.sh) session 14's took 0.092 s, with no allocator retry
+    (benchmarks/results/smollm2_build/README.md). Which of the two mattered was not separated."""
 
     PAD_MULTIPLE = 64
 
