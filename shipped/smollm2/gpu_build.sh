@@ -22,6 +22,11 @@
 # answered conversations (cat the pieces); (train) $OUT/drafter.tgz.NN, pieces of one tarball (cat
 # them): the drafter and its training log; then $OUT/evals.tgz.NN: eval JSON and tables, logs.
 #
+# Session 14's build (the shipped drafter; benchmarks/results/smollm2_build/README.md):
+#   EXTRA_PROMPTS=runs/sharegpt_prompts.jsonl.gz SELF_LIMIT=15000 MAX_TOKENS=384 DATA_S=400 ... data
+#   TRAIN_BUDGET_S=980 TRAIN_S=550 ... train    (twice: the second call resumes, exports, evaluates)
+# A second `data` call before `train` resumes the answering (ids already answered are skipped).
+#
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
 # (comma-separated .jsonl.gz files: session 13 added 45,484 ShareGPT prompts people wrote,
