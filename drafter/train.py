@@ -250,9 +250,10 @@ def _trained_seconds(before: float, loop_start: float, d: Dist, device) -> float
 
 
 def _memory(device: torch.device) -> dict:
-    """CUDA allocator figures for the log: retries (a failed cudaMalloc that freed the cache and
-    tried again, which synchronizes) were session 13's suspect for steps 3-5x slower than their
-    kernels."""
+    """CUDA allocator figures for the log. A retry (a failed cudaMalloc that frees the cache and
+    tries again, synchronizing) or a growing malloc count is what steps slower than their kernels
+    look like when batches of changing shapes fragment the cache (session 14: 0 retries, ~109
+    mallocs in a whole run)."""
     if device.type != "cuda":
         return {}
     s = torch.cuda.memory_stats(device)
