@@ -125,7 +125,8 @@ def cmd_train(a) -> int:
         limit_samples=a.limit_samples, max_steps=a.max_steps, stop_at=a.stop_at, time_limit_s=a.time_limit,
         time_budget_s=a.time_budget,
         save_every=a.save_every, keep_checkpoints=a.keep, log_every=a.log_every,
-        seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, resume=a.resume)
+        seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, init=a.init,
+        resume=a.resume)
     from drafter.spool import SpoolError
     try:
         result = train(c)
@@ -322,6 +323,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto")
     t.add_argument("--no-init-lm-head", action="store_true", help="random lm_head instead of the target's rows")
+    t.add_argument("--init", metavar="DRAFTER",
+                   help="start from this exported drafter (fine-tune it on --data): its weights and draft vocabulary")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     t.set_defaults(fn=cmd_train)
 

@@ -42,6 +42,7 @@ from drafter.ttt import TTTModel, TTTStats, target_draft_probs
 from drafter.vocab import VOCAB_FILE, DraftVocab
 from models.aux_layers import default_aux_layer_ids, layer_outputs_for
 from models.eagle3 import Eagle3Config, Eagle3Drafter
+from models.eagle3_checkpoint import WEIGHT_NAMES, load_drafter
 from models.hf_config import read_hf_config
 from models.llama import load_target
 
@@ -97,6 +98,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     init_lm_head: bool = True
+    init: str | None = None                  # an exported drafter to start from (fine-tuning); its vocab
     resume: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -159,6 +161,15 @@ def build_drafter(embed: torch.nn.Parameter, lm_head: torch.Tensor, vocab: Draft
         with torch.no_grad():
             d.lm_head.weight.copy_(lm_head[used].float())
     return d
+
+
+def drafter_vocab(d: Eagle3Drafter, data_vocab: Path) -> DraftVocab:
+    """The draft vocabulary of a drafter a run starts from (--init), with the data's token counts
+    where the data has them (for the coverage report)."""
+    used = d.d2t.long() + torch.arange(d.config.draft_vocab_size)
+    counts = (DraftVocab.load(data_vocab).counts if data_vocab.is_file()
+              else torch.zeros(d.config.vocab_size, dtype=torch.long))
+    return DraftVocab(used=used, counts=counts)
 
 
 def aux_outputs(c: TrainConfig, num_layers: int) -> list[int]:
@@ -274,7 +285,9 @@ def train(c: TrainConfig) -> dict:
     if not c.resume and checkpoints(out):
         raise FileExistsError(f"{out}: already has checkpoints; pass --resume or choose a new --out")
 
-    vocab = DraftVocab.load(c.vocab or Path(c.data) / VOCAB_FILE)
+    vocab_file = Path(c.vocab or Path(c.data) / VOCAB_FILE)
+    start_from = load_drafter(c.init, None) if c.init else None
+    vocab = DraftVocab.load(vocab_file) if start_from is None else drafter_vocab(start_from, vocab_file)
     engine, store_dir, capture_store = fs.parse_features(c.features, c.keep_features)
     in_loop = engine == "native" and store_dir is None
     num_layers = read_hf_config(c.target)["num_hidden_layers"]
@@ -284,6 +297,9 @@ def train(c: TrainConfig) -> dict:
     aux = aux_outputs(c, num_layers)
     if ckpt is not None and recorded.exists():
         aux = json.loads(recorded.read_text())["aux_layer_ids"]
+    if start_from is not None and sorted(start_from.config.aux_layer_ids) != aux:
+        raise ValueError(f"--init {c.init}: trained on layer outputs {start_from.config.aux_layer_ids}, this run "
+                         f"trains on {aux} (--aux-layers)")
     dtype = torch.bfloat16 if cuda else torch.float32
     target = head = None
     if in_loop:
@@ -300,7 +316,10 @@ def train(c: TrainConfig) -> dict:
         lm_head = embed.data if shape.tie_word_embeddings else t["lm_head"]
         head = TargetHead(t["norm"], lm_head, shape.rms_norm_eps)
     cfg = drafter_config(shape, vocab, aux, c)
-    drafter = build_drafter(embed, lm_head, vocab, cfg, c.init_lm_head and ckpt is None, device)
+    drafter = build_drafter(embed, lm_head, vocab, cfg, c.init_lm_head and ckpt is None and not c.init, device)
+    if start_from is not None and ckpt is None:
+        drafter.load_state_dict({k: v for k, v in trainable_state(start_from).items() if k in WEIGHT_NAMES},
+                                strict=False)
     model = TTTModel(drafter, c.ttt_length, c.step_weight)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=cuda)

@@ -143,3 +143,16 @@ def test_time_budget_spreads_the_schedule_over_seconds_across_resumed_calls(setu
     assert rows[-1]["step"] > first[-1]["step"]
     assert [r["trained_s"] for r in rows] == sorted(r["trained_s"] for r in rows)   # resumed, not restarted
     assert rows[-1]["lr"] < 0.05 * max(r["lr"] for r in rows)
+
+
+def test_init_starts_from_an_exported_drafter_with_its_vocabulary(setup):
+    """Fine-tuning: step 0 of an --init run holds the exported drafter's weights (float32 export:
+    exact) and its draft vocabulary, whatever vocabulary the data has."""
+    exported = setup[0] / "straight_export"
+    assert drafter(["export", str(setup[0] / "straight"), str(exported), "--dtype", "float32"]) == 0
+    run = _train(setup, "fine_tuned", "--init", str(exported), "--max-steps", "1")
+    start = load_file(str(run / "checkpoints" / "step-00000000" / "drafter.safetensors"))
+    end = load_file(str(setup[0] / "straight" / "checkpoints" / "step-00000006" / "drafter.safetensors"))
+    assert start.keys() == end.keys() and all(torch.equal(start[k], end[k]) for k in end)
+    assert drafter(["train", "--target", str(setup[1]), "--data", str(setup[2]), "--out", str(setup[0] / "other"),
+                    "--init", str(exported), "--aux-layers", "0,1,2", "--max-steps", "1"]) == 2   # other layers

@@ -10,6 +10,8 @@
 #                                              #   call until TRAIN_S with a checkpoint; once spent: export,
 #                                              #   return the drafter at once, then held-out evals in what is left
 #   bash shipped/smollm2/gpu_build.sh evals    # held-out evals at steps 1..6 (again, or if train ran out)
+#   bash shipped/smollm2/gpu_build.sh scaling  # after data: drafters on the first 1K..64K conversations, one
+#                                              #   recipe, side by side; accept length on held-out chat prompts
 #
 # Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
 # that ship (fixture pairs, the shipped drafter) and benchmarks/results. Session 13 left those out of the
@@ -25,7 +27,9 @@
 # Session 14's build (the shipped drafter; benchmarks/results/smollm2_build/README.md):
 #   EXTRA_PROMPTS=runs/sharegpt_prompts.jsonl.gz SELF_LIMIT=15000 MAX_TOKENS=384 DATA_S=400 ... data
 #   TRAIN_BUDGET_S=980 TRAIN_S=550 ... train    (twice: the second call resumes, exports, evaluates)
-# A second `data` call before `train` resumes the answering (ids already answered are skipped).
+# A second `data` call before `train` resumes the answering (ids already answered are skipped), and
+# so does an earlier build's returned generated.jsonl.gz, carried in pieces to runs/prev_parts/.
+# INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
 #
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
@@ -45,6 +49,7 @@ TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; 
 LENGTH_GROUP=${LENGTH_GROUP:-64}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
+INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
 wheels() {  # gguf, datasketch, pydantic: not in the GPU image
@@ -67,6 +72,10 @@ give_back() { split -b 15M -d "$1" "$OUT/$(basename "$1")."; }
 # attention span short. What is answered by the time limit is sharded.
 data() {
     wheels; assemble
+    if ls runs/prev_parts/generated.jsonl.gz.* > /dev/null 2>&1 && [ ! -f $W/data/generated.jsonl ]; then
+        mkdir -p $W/data && cat runs/prev_parts/generated.jsonl.gz.* | zcat > $W/data/generated.jsonl || exit 3
+        log "resuming from an earlier build's $(wc -l < $W/data/generated.jsonl) conversations"
+    fi
     [ -f $W/prompts.jsonl ] || zcat shipped/smollm2/data/self_prompts.jsonl.gz | \
         { [ "$SELF_LIMIT" = 0 ] && cat || head -n "$SELF_LIMIT"; } > $W/prompts.jsonl
     [ -f $W/code_prompts.jsonl ] || zcat shipped/smollm2/data/code_prompts.jsonl.gz > $W/code_prompts.jsonl
@@ -106,6 +115,7 @@ train() {
     wheels
     n=$(records) || exit 3
     run=$W/run; resume=(); [ -d $run ] && resume=(--resume)
+    [ -n "$INIT" ] && resume+=(--init "$INIT")
     # Segments that grow in place, for batches of ever-changing lengths: with them (and batches
     # padded to multiples of 64) session 14's steps took 0.092 s, session 13's 0.4-1.1 s. Only for
     # the native in-loop trainer: vLLM's hidden-states connector refuses it in a capture process.
@@ -148,10 +158,29 @@ evals() {
     give_back $W/evals.tgz
 }
 
+# Drafters on the first SIZES conversations, EPOCHS passes each, trained side by side, each then
+# evaluated on the held-out chat prompts at steps 1..6 (shipped/smollm2/data_scaling.py). Whatever
+# has finished by SCALING_S seconds comes back: a size cut short resumes in another call.
+scaling() {
+    wheels
+    records > /dev/null || exit 3
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+    log "scaling: $SIZES conversations, $EPOCHS epochs each"
+    timeout "$SCALING_S" python3 shipped/smollm2/data_scaling.py --target $W/target --data $W/data --sizes "$SIZES" \
+      --epochs "$EPOCHS" --batch-size "$TRAIN_BATCH" --max-length 1024 --ttt-length 7 --lr "$LR" --save-every 200 \
+      --export-dtype bfloat16 --jobs 4 --prompts shipped/smollm2/heldout/chat.jsonl --eval-prompts 0 \
+      --max-tokens "$EVAL_TOKENS" --steps "$EVAL_STEPS" --device "$DEVICE" --work-dir $W/scaling \
+      --out-dir $W/scaling_out > $W/scaling.log 2>&1
+    log "scaling ended ($?)"; tail -8 $W/scaling.log
+    tar -C $W -czf "$OUT/scaling.tgz" scaling.log stages.log $(cd $W && ls -d scaling_out scaling/*.json \
+      scaling/*.log scaling/run_*/log.jsonl scaling/run_*/train_config.json 2>/dev/null)
+}
+
 case "${1:-}" in
     part) ls -l runs/gguf_parts ;;
     data) data ;;
     train) train ;;
     evals) evals ;;
-    *) echo "usage: $0 part|data|train|evals" >&2; exit 2 ;;
+    scaling) scaling ;;
+    *) echo "usage: $0 part|data|train|evals|scaling" >&2; exit 2 ;;
 esac
