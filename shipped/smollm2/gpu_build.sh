@@ -4,6 +4,7 @@
 # between calls; each call must end within the 10-minute limit):
 #
 #   bash shipped/smollm2/gpu_build.sh part     # calls 1..P-1: the carried GGUF piece stays in runs/gguf_parts
+#   bash shipped/smollm2/gpu_build.sh assemble # (optional) last piece -> GGUF -> HF folder, for other work
 #   bash shipped/smollm2/gpu_build.sh data     # call P: last piece -> GGUF (sha256 checked) -> HF folder;
 #                                              #   [the target writes prompts;] it answers them; shards; vocab
 #   bash shipped/smollm2/gpu_build.sh train    # calls P+1..: TRAIN_BUDGET_S seconds of training in all, each
@@ -21,7 +22,7 @@
 # (`make device-wheels`, 3.6 MB). With the whole tree it takes nine pieces (`split -n 9`).
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
 # the data are gone. Returns (data) $OUT/data.tgz: stats, logs, and $OUT/generated.jsonl.gz.NN, the
-# answered conversations (cat the pieces); (train) $OUT/drafter.tgz.NN, pieces of one tarball (cat
+# answered conversations (cat the pieces; RETURN_DATA=0 keeps them there); (train) $OUT/drafter.tgz.NN, pieces of one tarball (cat
 # them): the drafter and its training log; then $OUT/evals.tgz.NN: eval JSON and tables, logs.
 #
 # Session 14's build (the shipped drafter; benchmarks/results/smollm2_build/README.md):
@@ -49,7 +50,7 @@ TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; 
 LENGTH_GROUP=${LENGTH_GROUP:-64}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
-INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
+RETURN_DATA=${RETURN_DATA:-1}; INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
 wheels() {  # gguf, datasketch, pydantic: not in the GPU image
@@ -100,6 +101,7 @@ data() {
     log "packing"
     tar -C $W -czf "$OUT/data.tgz" data.log data_stats.json vocab.json stages.log $(cd $W && ls prompts.log \
       prompts_stats.json 2>/dev/null)
+    [ "$RETURN_DATA" = 0 ] && return  # another data call follows, or the conversations are not wanted back
     gzip -1 -c $W/data/generated.jsonl > $W/generated.jsonl.gz && give_back $W/generated.jsonl.gz
 }
 
@@ -178,9 +180,10 @@ scaling() {
 
 case "${1:-}" in
     part) ls -l runs/gguf_parts ;;
+    assemble) wheels; assemble ;;
     data) data ;;
     train) train ;;
     evals) evals ;;
     scaling) scaling ;;
-    *) echo "usage: $0 part|data|train|evals|scaling" >&2; exit 2 ;;
+    *) echo "usage: $0 part|assemble|data|train|evals|scaling" >&2; exit 2 ;;
 esac
