@@ -6,7 +6,7 @@
 # chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. An idle server waits on its
 # engine's queue, so the sides not being measured cost nothing.
 # SIDES picks sides (default "table plain"); table_t2 is the table with decoding on both cores,
-# chain2 / chain3 draft that many steps at every batch size.
+# chain2 / chain3 draft that many steps at every batch size (chain2_t2: decoding on both cores).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -14,7 +14,7 @@ PROMPTS=benchmarks/results/batch_sweep/cpu_http/prompts.jsonl
 SIDES=(${SIDES:-table plain})
 mkdir -p $OUT
 declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2"
-                  [chain2]="--steps 2" [chain3]="--steps 3")
+                  [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2")
 declare -A PORT
 pids=()
 for i in "${!SIDES[@]}"; do
