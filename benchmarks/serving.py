@@ -207,13 +207,13 @@ def summarize(cfg: BenchConfig, results: list[RequestResult], duration: float,
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (out_tokens + sum(r.prompt_tokens for r in ok)) / duration,
         "total_output_tokens": out_tokens, "total_prompt_tokens": sum(r.prompt_tokens for r in ok),
-        "ttft_ms": _stats([r.ttft for r in ok], 1000.0),
-        "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None], 1000.0),
-        "itl_ms": _stats([g for r in ok for g in r.itl], 1000.0),
-        "e2e_ms": _stats([r.e2e for r in ok], 1000.0),
-        "decode_tok_s": _stats(decode_rates),   # per request, after the first token
+        "ttft_ms": sample_stats([r.ttft for r in ok], 1000.0),
+        "tpot_ms": sample_stats([r.tpot for r in ok if r.tpot is not None], 1000.0),
+        "itl_ms": sample_stats([g for r in ok for g in r.itl], 1000.0),
+        "e2e_ms": sample_stats([r.e2e for r in ok], 1000.0),
+        "decode_tok_s": sample_stats(decode_rates),   # per request, after the first token
         "accept_length_responses": accept_resp,
-        "accept_length_per_request": _stats([s["accept_length"] for s in spec if "accept_length" in s]),
+        "accept_length_per_request": sample_stats([s["accept_length"] for s in spec if "accept_length" in s]),
         "accept_length_metrics": prom_text.accept_length_from_deltas(d) if d else None,
         "metrics_deltas": {k: v for k, v in (d or {}).items() if k.startswith("specserve_") and v} or None,
         "errors": sorted({r.error for r in results if not r.ok})[:10],
@@ -223,7 +223,7 @@ def summarize(cfg: BenchConfig, results: list[RequestResult], duration: float,
     return {"config": config, "summary": summary, "requests": [asdict(r) for r in results]}
 
 
-def _stats(samples: list[float], scale: float = 1.0) -> dict | None:
+def sample_stats(samples: list[float], scale: float = 1.0) -> dict | None:
     """Summary of samples as vLLM's benchmark_serving prints it (scale 1000: seconds to ms); None
     for no samples."""
     if not samples:

@@ -1,6 +1,8 @@
 """ab_run.sh's rounds: each side's output tok/s against the base side's (BASE, default plain) in the
 same round, per round and as the median of the rounds, written as summary.md (summary_BASE.md for
-another base) beside the rounds' JSON.
+another base) beside the rounds' JSON (<side>_r<round>_c<concurrency>.json).
+CONC (default "1 8") names the concurrencies; METRIC=decode compares the median per-request decode
+rate instead of output tok/s (what cpu_real_pair/vs_transformers.sh compares with transformers).
 
   python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain [table_t2 ...]
   BASE=plain_t2 python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain plain_t2
@@ -13,26 +15,29 @@ from pathlib import Path
 
 out, sides = Path(sys.argv[1]), sys.argv[2:]
 base = os.environ.get("BASE", "plain")
+concs = [int(c) for c in os.environ.get("CONC", "1 8").split()]
+decode = os.environ.get("METRIC") == "decode"
 others = [s for s in sides if s != base]
 
 
 def tok_s(side: str, r: int, c: int) -> float:
-    return json.loads((out / f"{side}_r{r}_c{c}.json").read_text())["summary"]["output_throughput"]
+    summary = json.loads((out / f"{side}_r{r}_c{c}.json").read_text())["summary"]
+    return summary["decode_tok_s"]["median"] if decode else summary["output_throughput"]
 
 
-rounds = [r for r in range(1, 100) if all((out / f"{s}_r{r}_c8.json").is_file() for s in sides)]
-head = (["round"] + [f"{s} c={c}" for c in (1, 8) for s in sides]
-        + [f"{s} / {base} c={c}" for c in (1, 8) for s in others])
-rows, ratios = [], {(s, c): [] for s in others for c in (1, 8)}
+rounds = [r for r in range(1, 100) if all((out / f"{s}_r{r}_c{concs[-1]}.json").is_file() for s in sides)]
+head = (["round"] + [f"{s} c={c}" for c in concs for s in sides]
+        + [f"{s} / {base} c={c}" for c in concs for s in others])
+rows, ratios = [], {(s, c): [] for s in others for c in concs}
 for r in rounds:
-    cells = [f"{tok_s(s, r, c):.1f}" for c in (1, 8) for s in sides]
-    for c in (1, 8):
+    cells = [f"{tok_s(s, r, c):.1f}" for c in concs for s in sides]
+    for c in concs:
         for s in others:
             ratios[(s, c)].append(tok_s(s, r, c) / tok_s(base, r, c))
-    cells += [f"{ratios[(s, c)][-1]:.2f}x" for c in (1, 8) for s in others]
+    cells += [f"{ratios[(s, c)][-1]:.2f}x" for c in concs for s in others]
     rows.append([str(r)] + cells)
 med = [f"**{statistics.median(ratios[(s, c)]):.2f}x** ({min(ratios[(s, c)]):.2f}-{max(ratios[(s, c)]):.2f})"
-       for c in (1, 8) for s in others]
+       for c in concs for s in others]
 rows.append(["median (range)"] + [""] * (2 * len(sides)) + med)
 text = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "".join(
     "| " + " | ".join(r) + " |\n" for r in rows)
