@@ -132,11 +132,31 @@ class NativeEngine:
         await asyncio.to_thread(self.start_blocking)
 
     def start_blocking(self) -> None:
-        """Load (weights, tokenizer, compiles) and start the engine thread."""
-        self.decoder, self.tokenizer, self.info = self._load_fn()
-        self.eos_ids = eos_ids(self.decoder.target, self.tokenizer)
-        self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
+        """Start the engine thread; it loads (weights, tokenizer, compiles) and then serves.
+
+        Loading runs in that thread too, so that one thread runs every parallel CPU op: a second
+        thread's ops (the caller's, loading) leave OpenMP a second team of workers, and with more
+        of them than cores libgomp stops spinning between parallel regions. Every region then
+        waits for a sleeping worker: on 2 cores SmolLM2's float32 decode step on two threads took
+        48 ms instead of 32 (benchmarks/results/batch_sweep/cpu_http/ab_s16/README.md)."""
+        loaded, failed = threading.Event(), []
+
+        def load_and_run() -> None:
+            try:
+                self.decoder, self.tokenizer, self.info = self._load_fn()
+                self.eos_ids = eos_ids(self.decoder.target, self.tokenizer)
+            except BaseException as e:  # raised again in the caller
+                failed.append(e)
+                return
+            finally:
+                loaded.set()
+            self._run()
+
+        self._thread = threading.Thread(target=load_and_run, name="native-engine", daemon=True)
         self._thread.start()
+        loaded.wait()
+        if failed:
+            raise failed[0]
         self._ready = True
 
     async def shutdown(self) -> None:

@@ -20,10 +20,13 @@
 # them afterwards), which left ~9 MB of tree: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf
 # runs/gguf_parts/part.` then makes two 49.2 MB pieces, and the second call carries the last with .whl
 # (`make device-wheels`, 3.6 MB). With the whole tree it takes nine pieces (`split -n 9`).
+# A slimmed-out file inside a tracked folder (shipped/smollm2/drafter/model.safetensors) must be carried
+# by the call that reads it: one carried by an earlier call was gone two calls later (session 16).
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
 # the data are gone. Returns (data) $OUT/data.tgz: stats, logs, and $OUT/generated.jsonl.gz.NN, the
-# answered conversations (cat the pieces; RETURN_DATA=0 keeps them there); (train) $OUT/drafter.tgz.NN, pieces of one tarball (cat
-# them): the drafter and its training log; then $OUT/evals.tgz.NN: eval JSON and tables, logs.
+# answered conversations (cat the pieces; RETURN_DATA=0 keeps them there); (train)
+# $OUT/drafter.tgz.NN, pieces of one tarball (cat them): the drafter and its training log; then
+# $OUT/evals.tgz.NN: eval JSON and tables, logs.
 #
 # Session 14's build (the shipped drafter; benchmarks/results/smollm2_build/README.md):
 #   EXTRA_PROMPTS=runs/sharegpt_prompts.jsonl.gz SELF_LIMIT=15000 MAX_TOKENS=384 DATA_S=400 ... data
@@ -50,7 +53,8 @@ TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; 
 LENGTH_GROUP=${LENGTH_GROUP:-64}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
-RETURN_DATA=${RETURN_DATA:-1}; INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
+RETURN_DATA=${RETURN_DATA:-1}
+INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
 wheels() {  # gguf, datasketch, pydantic: not in the GPU image
