@@ -144,8 +144,7 @@ class NativeConfig:
                                                               "(several requests at once)")
     prefill_min_rows: StrictInt = Field(1, ge=1, description="admit only when this many rows are free "
                                                              "(> 1: offline throughput)")
-    cpu_threads: StrictInt = Field(0, ge=0, description="CPU intra-op threads (0: decode on one core less than "
-                                                        "the machine has, prefill on all; at most 8)")
+    cpu_threads: StrictInt = Field(0, ge=0, description="CPU intra-op threads (0: every core, at most 8)")
     compile: StrictBool = Field(False, description="torch.compile the decode steps (fused kernels; compiling "
                                                    "takes a minute or more per batch size)")
     compile_max_batch: StrictInt = Field(1, ge=0, description="with compile: batch sizes compiled before serving "

@@ -16,7 +16,6 @@ forward, at the node that chose each emitted token, so they do not depend on spe
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -74,24 +73,10 @@ class StepResult:
     logprobs: list[TokenLogprob] | None = None  # one per token, for rows that asked
 
 
-@contextlib.contextmanager
-def intra_op_threads(n: int):
-    """torch's CPU intra-op threads set to n inside the block (0: left as they are)."""
-    saved = torch.get_num_threads()
-    if n <= 0 or n == saved:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
-                 fast_greedy: bool = True, compile: bool = False, prefill_threads: int = 0):
+                 fast_greedy: bool = True, compile: bool = False):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -135,7 +120,6 @@ class BatchDecoder:
         # GPU (`--compile` turns it on; warm_up does it before serving, and inductor's cache,
         # TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
         self.compiled = compile
-        self.prefill_threads = prefill_threads  # CPU intra-op threads for prefill forwards (0: as decode)
         self._fns = {"plain": plain_greedy, "chain": chain_greedy, "deferred": deferred_greedy}
         self._fns_rows = self._fns
         if self.compiled:
@@ -212,17 +196,12 @@ class BatchDecoder:
     def prefill_batch(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[int]:
         return [r.tokens[0] for r in self.prefill_rows(row, prompts, sampling)]
 
+    @torch.inference_mode()
     def prefill_rows(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[StepResult]:
         """Fill rows row .. row + len(prompts) - 1 with `prompts` in one target forward (and one
         drafter forward); return each row's first generated token. Prompts are right-padded to
         the longest: pad positions land past each row's committed length, where every later
-        step masks them out and overwrites them, so the batch changes no row's result. On CPU
-        it runs on `prefill_threads` (engine/loading.prefill_threads)."""
-        with intra_op_threads(self.prefill_threads):
-            return self._prefill_rows(row, prompts, sampling)
-
-    @torch.inference_mode()
-    def _prefill_rows(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[StepResult]:
+        step masks them out and overwrites them, so the batch changes no row's result."""
         n = len(prompts)
         lens = [len(p) for p in prompts]
         width = max(lens)

@@ -47,22 +47,15 @@ def pick_device(device: str) -> torch.device:
 
 
 def cpu_threads(requested: int) -> int:
-    """Intra-op threads for CPU decoding: one core is left to the server, which streams every
-    token (on 2 cores one request ran at 37.8 tok/s over HTTP on one thread, 35.0 on two; eight
-    requests at 88 vs 106: benchmarks/results/batch_sweep/cpu_http/). OMP_NUM_THREADS wins."""
+    """Intra-op threads for CPU decoding: every core (at most 8), unless a count was chosen;
+    OMP_NUM_THREADS wins. On 2 cores SmolLM2's float32 decoding over HTTP ran at 1.5x its
+    one-thread rate on two (session 16, benchmarks/results/batch_sweep/cpu_http/ab_s16/; one core
+    used to be left to the server, measured while a second OpenMP team slowed every thread:
+    engine/scheduler.py start_blocking)."""
     if requested > 0:
         return requested
     if os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()
-    return max(1, min((os.cpu_count() or 2) - 1, 8))
-
-
-def prefill_threads(requested: int) -> int:
-    """Intra-op threads for CPU prefill: every core, unless a count was chosen. A prefill is a
-    product over many rows (compute, not weight reads) and the server has no token to stream
-    meanwhile: on 2 cores SmolLM2's 54-token prefill takes 105 ms on two threads, 171 on one."""
-    if requested > 0 or os.environ.get("OMP_NUM_THREADS"):
-        return cpu_threads(requested)
     return max(1, min(os.cpu_count() or 1, 8))
 
 
@@ -140,8 +133,7 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         models = loaded or LoadedModels.load(args)
         target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
-        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
-                               prefill_threads=prefill_threads(args.cpu_threads) if device.type == "cpu" else 0)
+        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile)
         if args.compile:
             t0 = time.perf_counter()
             decoder.warm_up(args.compile_max_batch)

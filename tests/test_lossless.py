@@ -406,19 +406,3 @@ def test_deferred_drafter_catches_up_to_extending_every_step(models):
         n = min(len(out), len(expected))
         assert n > 10 and out[:n] == expected[:n]
     assert fast["outs"] == general["outs"]
-
-
-def test_prefill_threads_are_set_for_the_prefill_only():
-    """CPU prefill runs on prefill_threads, decode on the engine's threads, set back even when a
-    prefill fails."""
-    from engine.decoder import intra_op_threads
-    before = torch.get_num_threads()
-    seen = []
-    with intra_op_threads(before + 1):
-        seen.append(torch.get_num_threads())
-    assert seen == [before + 1] and torch.get_num_threads() == before
-    with pytest.raises(RuntimeError), intra_op_threads(before + 1):
-        raise RuntimeError("prefill failed")
-    assert torch.get_num_threads() == before
-    with intra_op_threads(0):
-        assert torch.get_num_threads() == before
