@@ -19,17 +19,8 @@ declare -A FLAGS=([q4_chain1]="--profile cpu-fast --steps 1" [q4_chain2]="--prof
                   [q4_plain]="--profile cpu-fast" [fp32_chain2]="--profile cpu-default"
                   [fp32_plain]="--profile cpu-default --no-spec")
 mkdir -p $OUT
-declare -A PORT
-pids=()
-for i in "${!OURS[@]}"; do
-    side=${OURS[$i]}; PORT[$side]=$((8790 + i))
-    .venv/bin/specserve ${FLAGS[$side]} --cpu-threads 2 --port ${PORT[$side]} > $OUT/server_$side.log 2>&1 &
-    pids+=($!)
-done
-trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
-for side in "${OURS[@]}"; do
-    .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
-done
+source benchmarks/results/batch_sweep/cpu_http/servers.sh
+start_servers $OUT "--cpu-threads 2" "${OURS[@]}"
 measure() {  # side round
     local side=$1 r=$2 name=${1}_r${2}_c1
     if [ -n "${PORT[$side]:-}" ]; then

@@ -3,10 +3,9 @@
 # servers up at once and measured in turn, the order reversed every round, so the machine's drift
 # (plain decoding moved 23.8 -> 16.4 tok/s between two session-10 rounds) lands on every side;
 # ratios are per round, then their median (ab_summary.py). Concurrency 1 and 8, the nine held-out
-# chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. An idle server waits on its
-# engine's queue, so the sides not being measured cost nothing.
-# SIDES picks sides (default "table plain"); table_t2 is the table with decoding on both cores,
-# chain2 / chain3 draft that many steps at every batch size (chain2_t2: decoding on both cores).
+# chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. Servers: servers.sh.
+# SIDES picks sides (default "table plain"); chain2 / chain3 draft that many steps at every batch
+# size; _t2 sides decode on two threads (since session 16 the default on 2 cores, one before).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -15,17 +14,8 @@ SIDES=(${SIDES:-table plain})
 mkdir -p $OUT
 declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2"
                   [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2")
-declare -A PORT
-pids=()
-for i in "${!SIDES[@]}"; do
-    side=${SIDES[$i]}; PORT[$side]=$((8790 + i))
-    .venv/bin/specserve --profile cpu-default --port ${PORT[$side]} ${FLAGS[$side]} > $OUT/server_$side.log 2>&1 &
-    pids+=($!)
-done
-trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
-for side in "${SIDES[@]}"; do
-    .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
-done
+source benchmarks/results/batch_sweep/cpu_http/servers.sh
+start_servers $OUT "--profile cpu-default" "${SIDES[@]}"
 for r in $(seq 1 ${ROUNDS:-4}); do
     order=("${SIDES[@]}")
     [ $((r % 2)) = 0 ] && order=($(printf '%s\n' "${SIDES[@]}" | tac))
