@@ -35,7 +35,8 @@ def shard_bytes(tokens: int, n_aux: int, hidden: int, dtype: torch.dtype) -> int
 
 
 def write_shard(path: Path, seqs: list[SeqFeatures], meta: dict) -> int:
-    """Write atomically (tmp + rename); returns the file's size."""
+    """Write atomically (tmp + rename); returns the file's size, taken before the rename because
+    a spool consumer may take (and delete) the shard the moment it appears."""
     lengths = torch.tensor([s.input_ids.numel() for s in seqs], dtype=torch.int64)
     offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
     offsets[1:] = lengths.cumsum(0)
@@ -49,8 +50,9 @@ def write_shard(path: Path, seqs: list[SeqFeatures], meta: dict) -> int:
     }
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in meta.items()})
+    size = tmp.stat().st_size
     os.replace(tmp, path)
-    return path.stat().st_size
+    return size
 
 
 def read_meta(path: Path) -> dict:

@@ -34,6 +34,8 @@
 # A second `data` call before `train` resumes the answering (ids already answered are skipped), and
 # so does an earlier build's returned generated.jsonl.gz, carried in pieces to runs/prev_parts/.
 # INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
+# PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
+# these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
 #
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
@@ -53,7 +55,7 @@ TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; 
 LENGTH_GROUP=${LENGTH_GROUP:-64}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
-RETURN_DATA=${RETURN_DATA:-1}
+RETURN_DATA=${RETURN_DATA:-1}; PROMPTS_FROM=${PROMPTS_FROM:-}
 INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
@@ -81,13 +83,16 @@ data() {
         mkdir -p $W/data && cat runs/prev_parts/generated.jsonl.gz.* | zcat > $W/data/generated.jsonl || exit 3
         log "resuming from an earlier build's $(wc -l < $W/data/generated.jsonl) conversations"
     fi
+    from=(${PROMPTS_FROM//,/ }); k=2
+    skip() { tail -n +$(( ${from[$1]:-0} + 1 )); }  # prompt file $1 from its line from[$1] on
     [ -f $W/prompts.jsonl ] || zcat shipped/smollm2/data/self_prompts.jsonl.gz | \
-        { [ "$SELF_LIMIT" = 0 ] && cat || head -n "$SELF_LIMIT"; } > $W/prompts.jsonl
-    [ -f $W/code_prompts.jsonl ] || zcat shipped/smollm2/data/code_prompts.jsonl.gz > $W/code_prompts.jsonl
+        { [ "$SELF_LIMIT" = 0 ] && cat || head -n "$SELF_LIMIT"; } | skip 0 > $W/prompts.jsonl
+    [ -f $W/code_prompts.jsonl ] || zcat shipped/smollm2/data/code_prompts.jsonl.gz | skip 1 > $W/code_prompts.jsonl
     files=(--prompts $W/prompts.jsonl --prompts $W/code_prompts.jsonl)
     for f in ${EXTRA_PROMPTS//,/ }; do
-        x=$W/$(basename "$f" .gz); [ -f "$x" ] || zcat "$f" > "$x"; files+=(--prompts "$x")
+        x=$W/$(basename "$f" .gz); [ -f "$x" ] || zcat "$f" | skip $((k++)) > "$x"; files+=(--prompts "$x")
     done
+    printf '%s\n' "${files[@]}" | grep -v -- --prompts | xargs wc -l | tee -a $W/stages.log
     if [ "$PROMPTS_S" != 0 ]; then
         log "prompts: $N_PROMPTS, at most ${PROMPTS_S}s"
         python3 -m drafter prompts --target $W/target --out $W/prompts.jsonl --num "$N_PROMPTS" \
