@@ -109,8 +109,8 @@ def load_pair(args):
     if not args.draft:
         raise SystemExit("--model needs --draft (the drafter whose costs the cycle includes)")
     target, drafter, _ = load_models(NativeEngineArgs(model=args.model, draft=args.draft, spec=SpecConfig(1),
-                                                      device=args.device, dtype=args.dtype))
-    return target, drafter, {"model": args.model, "draft": args.draft}
+                                                      device=args.device, dtype=args.dtype, gguf_q4=args.gguf_q4))
+    return target, drafter, {"model": args.model, "draft": args.draft, **({"gguf_q4": True} if args.gguf_q4 else {})}
 
 
 def markdown(r: dict) -> str:
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "the parts stay graph-captured eager")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--gguf-q4", action="store_true",
+                    help="keep a GGUF's 4-bit projections 4-bit (CPU; as the cpu-fast profile serves)")
     ap.add_argument("--name", help="output stem (default: model directory name or shape)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)

@@ -4,23 +4,25 @@
 # (plain decoding moved 23.8 -> 16.4 tok/s between two session-10 rounds) lands on every side;
 # ratios are per round, then their median (ab_summary.py). Concurrency 1 and 8, the nine held-out
 # chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. Servers: servers.sh.
-# SIDES picks sides (default "table plain"); chain2 / chain3 draft that many steps at every batch
-# size; _t2 sides decode on two threads (since session 16 the default on 2 cores, one before).
+# SIDES picks sides (default "table plain"); chain1 / chain2 / chain3 draft that many steps at every
+# batch size; _t2 sides decode on two threads (since session 16 the default on 2 cores, one before).
+# CONC picks the concurrencies (default "1 8"; 9 requests at 1, 18 above).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
 PROMPTS=benchmarks/results/batch_sweep/cpu_http/prompts.jsonl
 SIDES=(${SIDES:-table plain})
+export CONC=${CONC:-1 8}
 mkdir -p $OUT
 declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2"
-                  [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2")
+                  [chain1]="--steps 1" [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2")
 source benchmarks/results/batch_sweep/cpu_http/servers.sh
 start_servers $OUT "--profile cpu-default" "${SIDES[@]}"
 for r in $(seq 1 ${ROUNDS:-4}); do
     order=("${SIDES[@]}")
     [ $((r % 2)) = 0 ] && order=($(printf '%s\n' "${SIDES[@]}" | tac))
     for side in "${order[@]}"; do
-        for c in 1 8; do
+        for c in $CONC; do
             .venv/bin/python -m benchmarks.serving --base-url http://127.0.0.1:${PORT[$side]} --max-concurrency $c \
                 --num-prompts $((c == 1 ? 9 : 18)) --prompts $PROMPTS --max-tokens 128 --warmup 1 \
                 --out-dir $OUT --name ${side}_r${r}_c$c > $OUT/${side}_r${r}_c$c.txt

@@ -3,6 +3,7 @@ same round, per round and as the median of the rounds, written as summary.md (su
 another base) beside the rounds' JSON (<side>_r<round>_c<concurrency>.json).
 CONC (default "1 8") names the concurrencies; METRIC=decode compares the median per-request decode
 rate instead of output tok/s (what cpu_real_pair/vs_transformers.sh compares with transformers).
+With more than two concurrencies the medians are also plotted against concurrency (summary*.png).
 
   python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain [table_t2 ...]
   BASE=plain_t2 python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain plain_t2
@@ -38,8 +39,27 @@ for r in rounds:
     rows.append([str(r)] + cells)
 med = [f"**{statistics.median(ratios[(s, c)]):.2f}x** ({min(ratios[(s, c)]):.2f}-{max(ratios[(s, c)]):.2f})"
        for c in concs for s in others]
-rows.append(["median (range)"] + [""] * (2 * len(sides)) + med)
+rows.append(["median (range)"] + [""] * (len(concs) * len(sides)) + med)
 text = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "".join(
     "| " + " | ".join(r) + " |\n" for r in rows)
-(out / ("summary.md" if base == "plain" else f"summary_{base}.md")).write_text(text)
+stem = "summary" if base == "plain" else f"summary_{base}"
+(out / f"{stem}.md").write_text(text)
 print(text)
+if len(concs) > 2:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in others:
+        r = [ratios[(s, c)] for c in concs]
+        med_s = [statistics.median(x) for x in r]
+        ax.errorbar(concs, med_s, yerr=[[m - min(x) for m, x in zip(med_s, r)], [max(x) - m for m, x in zip(med_s, r)]],
+                    marker="o", capsize=3, label=s)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concs, [str(c) for c in concs])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(f"{'decode rate' if decode else 'output tok/s'} / {base} (median of {len(rounds)} rounds, range)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=120)
