@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.engine_load import load_prompts
 from benchmarks.report import provenance
 from benchmarks.serving import sample_stats
 
@@ -59,11 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
-    records = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    records = records[:args.num_prompts]
-    prompts = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, return_tensors="pt",
-                                       return_dict=True)["input_ids"] if r.get("messages")
-               else tok(r["prompt"], return_tensors="pt")["input_ids"] for r in records]
+    prompts = [torch.tensor([ids]) for ids in load_prompts(args.prompts, tok, args.num_prompts)]
     gen = dict(do_sample=False, max_new_tokens=args.max_tokens, pad_token_id=tok.eos_token_id)
     if args.cache == "static":
         gen["cache_implementation"] = "static"

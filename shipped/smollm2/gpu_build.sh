@@ -88,11 +88,12 @@ data() {
     [ -f $W/prompts.jsonl ] || zcat shipped/smollm2/data/self_prompts.jsonl.gz | \
         { [ "$SELF_LIMIT" = 0 ] && cat || head -n "$SELF_LIMIT"; } | skip 0 > $W/prompts.jsonl
     [ -f $W/code_prompts.jsonl ] || zcat shipped/smollm2/data/code_prompts.jsonl.gz | skip 1 > $W/code_prompts.jsonl
-    files=(--prompts $W/prompts.jsonl --prompts $W/code_prompts.jsonl)
+    paths=($W/prompts.jsonl $W/code_prompts.jsonl)
     for f in ${EXTRA_PROMPTS//,/ }; do
-        x=$W/$(basename "$f" .gz); [ -f "$x" ] || zcat "$f" | skip $((k++)) > "$x"; files+=(--prompts "$x")
+        x=$W/$(basename "$f" .gz); [ -f "$x" ] || zcat "$f" | skip $((k++)) > "$x"; paths+=("$x")
     done
-    printf '%s\n' "${files[@]}" | grep -v -- --prompts | xargs wc -l | tee -a $W/stages.log
+    wc -l "${paths[@]}" | tee -a $W/stages.log
+    files=(); for p in "${paths[@]}"; do files+=(--prompts "$p"); done
     if [ "$PROMPTS_S" != 0 ]; then
         log "prompts: $N_PROMPTS, at most ${PROMPTS_S}s"
         python3 -m drafter prompts --target $W/target --out $W/prompts.jsonl --num "$N_PROMPTS" \

