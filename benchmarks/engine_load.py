@@ -34,6 +34,7 @@ class LoadResult:
     tokens_per_step: float          # tokens after each reply's first / verify steps (what the cost model needs)
     decode_tokens_per_reply: float  # mean tokens after the first (each reply also pays the step launched past it)
     max_gap_s: float                # longest wait between two deltas of one request
+    ttft_s: float                   # median time from a request's start (its turn under the gate) to its first token
     replies: list[GenerationOutput]  # per prompt, in prompt order, its deltas joined
 
     @property
@@ -49,17 +50,18 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=detokenize)
     gate = asyncio.Semaphore(concurrency)
     replies = [GenerationOutput() for _ in prompts]
-    rates, gaps = [], [0.0]
+    rates, gaps, ttfts = [], [0.0], []
 
     async def one(i: int, prompt: list[int]) -> None:
         async with gate:
-            first = last = None
+            start, first, last = time.perf_counter(), None, None
             async for out in engine.generate(f"load-{i}", prompt, params):
                 if out.error:
                     raise RuntimeError(f"request {i} failed: {out.error}")
                 now = time.perf_counter()
                 if first is None:
                     first = now
+                    ttfts.append(now - start)
                 else:
                     gaps.append(now - last)
                 last = now
@@ -77,7 +79,8 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     # The engine's convention (SpecStats.accept_length): completion tokens / verify steps.
     return LoadResult(concurrency, wall, total, total / wall, statistics.median(rates) if rates else 0.0,
                       total / steps if engine.decoder.spec and steps else 1.0,
-                      sum(decoded) / steps if steps else 0.0, statistics.mean(decoded), max(gaps), replies)
+                      sum(decoded) / steps if steps else 0.0, statistics.mean(decoded), max(gaps),
+                      statistics.median(ttfts) if ttfts else 0.0, replies)
 
 
 def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, max_tokens: int,
