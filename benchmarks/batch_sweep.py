@@ -189,10 +189,11 @@ def run(args) -> dict:
 
 def markdown(result: dict) -> str:
     cols = ["setting", "concurrency", "throughput tok/s", "x plain", "per-request tok/s", "x plain (request)",
-            "accept length", "max gap ms", "mismatches"]
+            "accept length", "TTFT ms (median)", "max gap ms", "mismatches"]
     body = [[r["setting"], r["concurrency"], round(r["throughput"], 1), f"{r['x_plain_throughput']:.2f}x",
              round(r["request_tok_s"], 1), f"{r['x_plain_request']:.2f}x" if r["x_plain_request"] else None,
-             round(r["accept_length"], 2), round(r["max_gap_s"] * 1000), r["mismatches"]]
+             round(r["accept_length"], 2), round(r["ttft_s"] * 1000, 1) if "ttft_s" in r else None,
+             round(r["max_gap_s"] * 1000), r["mismatches"]]
             for r in result["rows"] + result["table_rows"]]
     rates = result["synthetic_acceptance"]
     note = f"SYNTHETIC acceptance {rates}: random weights, the tokens are meaningless\n\n" if rates else ""

@@ -15,9 +15,9 @@
 #                                              #   recipe, side by side; accept length on held-out chat prompts
 #
 # Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
-# that ship (fixture pairs, the shipped drafter) and benchmarks/results. Session 13 left those out of the
-# index for the device calls (`git rm -r -q --cached` them, list them in .git/info/exclude; `git reset -q`
-# them afterwards), which left ~9 MB of tree: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf
+# that ship (fixture pairs, the shipped drafter) and benchmarks/results. `bash benchmarks/device_tree.sh
+# slim` leaves those out of the index for the device calls (`unslim` afterwards; scripts under
+# benchmarks/results stay), which leaves ~9 MB of tree: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf
 # runs/gguf_parts/part.` then makes two 49.2 MB pieces, and the second call carries the last with .whl
 # (`make device-wheels`, 3.6 MB). With the whole tree it takes nine pieces (`split -n 9`).
 # A slimmed-out file inside a tracked folder (shipped/smollm2/drafter/model.safetensors) must be carried
