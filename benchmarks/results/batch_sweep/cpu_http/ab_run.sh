@@ -6,7 +6,8 @@
 # chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. Servers: servers.sh.
 # SIDES picks sides (default "table plain"); chain1 / chain2 / chain3 draft that many steps at every
 # batch size; _t2 sides decode on two threads (since session 16 the default on 2 cores, one before).
-# CONC picks the concurrencies (default "1 8"; 9 requests at 1, 18 above).
+# CONC picks the concurrencies (default "1 8"; 9 requests at 1, 18 above). table_prev: the table with
+# another drafter (PREV_DRAFT, e.g. the one shipped before: `git show REV:shipped/smollm2/drafter/...`).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -15,7 +16,8 @@ SIDES=(${SIDES:-table plain})
 export CONC=${CONC:-1 8}
 mkdir -p $OUT
 declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2"
-                  [chain1]="--steps 1" [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2")
+                  [chain1]="--steps 1" [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2"
+                  [table_prev]="--draft ${PREV_DRAFT:-runs/prev_drafter}")
 source benchmarks/results/batch_sweep/cpu_http/servers.sh
 start_servers $OUT "--profile cpu-default" "${SIDES[@]}"
 for r in $(seq 1 ${ROUNDS:-4}); do
