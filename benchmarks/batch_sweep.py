@@ -65,7 +65,8 @@ def build(args, loaded, spec):
     batch = max(args.concurrency)
     eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
                              dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
-                             compile=args.compile, compile_max_batch=0 if spec else batch)
+                             compile=args.compile, compile_max_batch=0 if spec else batch,
+                             prefill_graphs=args.prefill_graphs)
     engine = build_engine(eargs, loaded)
     engine.start_blocking()
     if spec and args.synthetic_accept:
@@ -245,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--gguf-q4", action="store_true", help="keep a GGUF's 4-bit projections (CPU)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every shape before timing")
+    ap.add_argument("--prefill-graphs", action="store_true", help="both sides prefill a lone prompt as a captured "
+                    "CUDA graph (engine/decoder.py PREFILL_GRAPH_TOKENS)")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--min-gain", type=float, default=0.03,
                     help="draft at a concurrency only where a chain beats plain by more than this share")

@@ -30,6 +30,7 @@ from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
+from models.layers import AttnInputs
 from models.llama import LlamaModel
 
 
@@ -55,6 +56,13 @@ COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
 # max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
 
+# With `prefill_graphs`, a lone prompt of at most this many tokens prefills as a CUDA graph, its
+# width padded to a power of two (16 on), one graph per (cache row, width). Eager, a prefill
+# is about a thousand small kernel launches (SmolLM2: 1,064), which took 40-80 ms of host time
+# on an H200 before the first token (benchmarks/results/h200_s18/). Longer prompts and groups
+# stay eager: there the products, not the launches, take the time.
+PREFILL_GRAPH_TOKENS = 256
+
 
 @dataclass
 class SyntheticAcceptance:
@@ -76,7 +84,7 @@ class StepResult:
 class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
-                 fast_greedy: bool = True, compile: bool = False):
+                 fast_greedy: bool = True, compile: bool = False, prefill_graphs: bool = False):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -110,6 +118,13 @@ class BatchDecoder:
             self.lag_aux = torch.zeros(max_batch, LAG_STEPS, aux, dtype=dtype, device=self.device)
         self.synthetic: SyntheticAcceptance | None = None             # benchmarks only, see below
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
+        # Captured prefills read their prompt from these (on CPU nothing is captured: the prompt
+        # is only padded, which is how tests check the padded path).
+        self.prefill_graphs = prefill_graphs
+        if prefill_graphs:
+            self.graph_prompt = torch.zeros(1, PREFILL_GRAPH_TOKENS, dtype=torch.long, device=self.device)
+            self.graph_last = torch.zeros(1, dtype=torch.long, device=self.device)
+            self.graph_first = torch.zeros(1, dtype=torch.long, device=self.device)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
         # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear)
         # that COMPILE_OPTIONS tune. Batch 1 compiles with static shapes; larger (padded) batches
@@ -206,27 +221,63 @@ class BatchDecoder:
         lens = [len(p) for p in prompts]
         width = max(lens)
         dev = self.device
-        tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
-        last = torch.tensor(lens, device=dev) - 1
-        depth = torch.arange(width, device=dev).expand(n, width)
-        span = min(self.cache_len, -(-width // self.span_multiple) * self.span_multiple)
-        inputs = block_inputs(torch.zeros(n, dtype=torch.long, device=dev), causal(n, width, dev), depth, span,
-                              row_offset=row)
-        out = self.target(tokens, inputs, capture_aux=self.spec is not None, logits_at=last.view(n, 1))
-        probs = probs_from_logits(self._process(out.logits, sampling, [[[]]] * n), sampling)[:, 0]
+        graphed = self.prefill_graphs and n == 1 and width <= min(PREFILL_GRAPH_TOKENS, self.cache_len)
+        if graphed:  # one graph per width bucket: the prompt goes into the graph's input buffers
+            width = self._prefill_graph_width(width)
+            self.graph_prompt.zero_()
+            self.graph_prompt[0, :lens[0]] = torch.tensor(prompts[0], device=dev)
+            self.graph_last.fill_(lens[0] - 1)
+            tokens, last = self.graph_prompt[:, :width], self.graph_last
+        else:
+            tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
+            last = torch.tensor(lens, device=dev) - 1
+        logits, aux = self._prefill_run(graphed, ("prefill", row, width),
+                                        lambda: self._prefill_target(row, tokens, last))
+        probs = probs_from_logits(self._process(logits, sampling, [[[]]] * n), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + n] = lens
         self.pending[row:row + n] = first
         if self.spec:
-            # The drafter reads token t + 1 beside the target's state at t: shift left, and put
-            # the first generated token after each prompt's last one.
-            ext = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-            ext[torch.arange(n, device=dev), last] = first
-            d = self.drafter(ext, out.aux_hidden, inputs, logits_at=last.view(n, 1))
+            if graphed:
+                self.graph_first.copy_(first)
+                first = self.graph_first
+            d = self._prefill_run(graphed, ("prefill draft", row, width),
+                                  lambda: self._prefill_drafter(row, tokens, last, first, aux))
             self._set_draft_state(row, n, d)
         firsts = first.tolist()
-        logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
+        logprobs = self._logprobs(logits, sampling, [[(0, t)] for t in firsts])
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
+
+    def _prefill_run(self, graphed: bool, key: tuple, fn):
+        """fn replayed as its captured graph (captured on first use) when graphed, else eagerly."""
+        return self.graphs.run(key, fn) if graphed else fn()
+
+    def _prefill_graph_width(self, width: int) -> int:
+        return min(self.cache_len, max(16, 1 << (width - 1).bit_length()))
+
+    def _prefill_inputs(self, row: int, n: int, width: int) -> AttnInputs:
+        dev = self.device
+        depth = torch.arange(width, device=dev).expand(n, width)
+        span = min(self.cache_len, -(-width // self.span_multiple) * self.span_multiple)
+        return block_inputs(torch.zeros(n, dtype=torch.long, device=dev), causal(n, width, dev), depth, span,
+                            row_offset=row)
+
+    def _prefill_target(self, row: int, tokens: torch.Tensor, last: torch.Tensor):
+        """The target over right-padded prompts [n, width] from cache position 0: logits at each
+        row's last prompt token, and the aux states the drafter reads."""
+        n, width = tokens.shape
+        out = self.target(tokens, self._prefill_inputs(row, n, width), capture_aux=self.spec is not None,
+                          logits_at=last.view(n, 1))
+        return out.logits, out.aux_hidden
+
+    def _prefill_drafter(self, row: int, tokens: torch.Tensor, last: torch.Tensor, first: torch.Tensor,
+                         aux: torch.Tensor):
+        """The drafter reads token t + 1 beside the target's state at t: the prompts shifted left,
+        each row's first generated token after its last prompt token."""
+        n, width = tokens.shape
+        ext = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+        ext[torch.arange(n, device=self.device), last] = first
+        return self.drafter(ext, aux, self._prefill_inputs(row, n, width), logits_at=last.view(n, 1))
 
     @torch.inference_mode()
     def prefill_shared(self, row: int, sources: list[int], prompts: list[list[int]],
@@ -271,9 +322,15 @@ class BatchDecoder:
         (padded batch size, and draft steps with a steps table), so that torch.compile and graph
         capture (a minute or more per shape on GPU with `compile`) happen before serving, not in
         a request's time; compiled, at the narrowest and the widest span. Leaves every row empty.
-        Eager steps without graphs (CPU) have nothing to prepare: it returns at once."""
+        Eager steps without graphs (CPU) have nothing to prepare: it returns at once. With
+        `prefill_graphs`, the captured prefills of those rows too, at every width."""
         if not (self.graphs.enabled or self.compiled):
             return
+        if self.prefill_graphs and self.graphs.enabled:
+            limit = min(PREFILL_GRAPH_TOKENS, self.cache_len)
+            for width in sorted({self._prefill_graph_width(w) for w in range(1, limit + 1)}):
+                for row in range(min(max_rows, self.max_batch)):
+                    self.prefill(row, [0] * min(width, limit), BatchSampling.all_greedy_rows(1, self.device))
         shapes = {}
         for rows in range(1, min(max_rows, self.max_batch) + 1):
             shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)

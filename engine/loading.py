@@ -133,7 +133,8 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         models = loaded or LoadedModels.load(args)
         target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
-        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile)
+        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
+                               prefill_graphs=args.prefill_graphs)
         if args.compile:
             t0 = time.perf_counter()
             decoder.warm_up(args.compile_max_batch)

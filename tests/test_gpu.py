@@ -38,9 +38,15 @@ def build(dtype):
 
 
 @torch.inference_mode()
-def decode(t, d, spec, prompts, fast, n=48, compile=False):
-    dec = BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile)
-    outs = [[tok] for tok in dec.prefill_batch(0, prompts, BatchSampling.all_greedy_rows(len(prompts), "cuda"))]
+def decode(t, d, spec, prompts, fast, n=48, compile=False, prefill_graphs=False, alone=False):
+    """alone: one prefill per prompt (a lone prompt is what `prefill_graphs` captures)."""
+    dec = BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile,
+                       prefill_graphs=prefill_graphs)
+    if alone:
+        outs = [dec.prefill_rows(row, [p], BatchSampling.all_greedy_rows(1, "cuda"))[0].tokens
+                for row, p in enumerate(prompts)]
+    else:
+        outs = [[tok] for tok in dec.prefill_batch(0, prompts, BatchSampling.all_greedy_rows(len(prompts), "cuda"))]
     while min(map(len, outs)) < n:
         for i, r in enumerate(dec.step(len(prompts), BatchSampling.all_greedy_rows(len(prompts), "cuda"))):
             outs[i] += r.tokens
@@ -58,6 +64,16 @@ def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
     assert decode(t, d, spec, prompts, fast=True) == eager
     if dtype == torch.float32 and (steps, batch) in COMPILED_CASES:
         assert decode(t, d, spec, prompts, fast=True, compile=True) == eager
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_captured_prefill_equals_eager(steps):
+    """`prefill_graphs` (fp32): each prompt prefilled alone as a captured graph (widths 16 and 64,
+    rows 0..2) decodes as the eager prefill of the same prompt alone does."""
+    t, d = build(torch.float32)
+    spec = SpecConfig(steps) if steps else None
+    eager = decode(t, d, spec, PROMPTS, fast=True, alone=True)
+    assert decode(t, d, spec, PROMPTS, fast=True, prefill_graphs=True, alone=True) == eager
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])

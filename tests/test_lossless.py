@@ -27,13 +27,15 @@ def greedy(rows: int = 1) -> BatchSampling:
 
 
 def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS, fast: bool = True,
-           batched_prefill: bool = False):
+           batched_prefill: bool = False, prefill_graphs: bool = False):
     """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists).
 
     fast: the device-side greedy step (engine/greedy_cycle.py); else the general path that
     also serves sampling and trees. batched_prefill: all prompts in one (padded) prefill.
+    prefill_graphs: each prompt padded to its graph width (on CPU nothing is captured).
     """
-    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512, fast_greedy=fast)
+    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512, fast_greedy=fast,
+                       prefill_graphs=prefill_graphs)
     if batched_prefill:
         outs = [[t] for t in dec.prefill_batch(0, prompts, greedy(len(prompts)))]
     else:
@@ -141,6 +143,20 @@ def test_batched_prefill_matches_prefill_alone(models, kind):
         _, alone = decode(models["target"], drafter, spec, models["prompts"])
         _, together = decode(models["target"], drafter, spec, models["prompts"], batched_prefill=True)
         assert alone == together
+
+
+@pytest.mark.parametrize("kind", ["none", "fitted"])
+def test_prefill_padded_for_graphs_matches_prefill_alone(models, kind):
+    """The prompt of a captured prefill (`prefill_graphs`) is padded to a power-of-two width
+    (lengths 1, 7 and 33 to 16, 16 and 64) and read from the graph's input buffers: the same
+    tokens, and with a drafter the same acceptance step by step, as the unpadded prefill.
+    The capture itself needs a GPU (tests/test_gpu.py)."""
+    drafter = models["drafters"].get(kind)
+    spec = SpecConfig(3) if drafter else None
+    out, accepted = decode(models["target"], drafter, spec, models["prompts"], prefill_graphs=True)
+    assert out == models["baseline"]
+    if drafter:
+        assert accepted == decode(models["target"], drafter, spec, models["prompts"])[1]
 
 
 def test_engine_admission_in_groups_matches_baseline(models, fitted_dir):

@@ -5,6 +5,7 @@ operators one prefill dispatches (views apart, each launches a kernel on GPU), t
 prefills under torch.profiler (top ops by CPU and by device time).
 
   python3 benchmarks/results/h200_s18/prefill_profile.py --model runs/smollm2/target --out DIR
+  # and with --compile --prefill-graphs: the captured prefill (session 18 wrote it; not yet run on a GPU)
 """
 import argparse
 import statistics
@@ -25,12 +26,13 @@ ap.add_argument("--model", required=True)
 ap.add_argument("--device", default="cuda")
 ap.add_argument("--dtype", default="bfloat16")
 ap.add_argument("--compile", action="store_true")
+ap.add_argument("--prefill-graphs", action="store_true", help="the captured prefill (engine/decoder.py)")
 ap.add_argument("--out", required=True)
 args = ap.parse_args()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 eargs = NativeEngineArgs(model=args.model, device=args.device, dtype=args.dtype, max_batch=1,
-                         compile=args.compile, compile_max_batch=1)
+                         compile=args.compile, compile_max_batch=1, prefill_graphs=args.prefill_graphs)
 loaded = LoadedModels.load(eargs)
 prompts = load_prompts(HELDOUT, loaded.tokenizer, 12)
 t0 = time.perf_counter()
@@ -44,9 +46,11 @@ greedy = BatchSampling.all_greedy_rows(1, dec.device)
 lines = []
 for rep in range(3):
     for i, p in enumerate(prompts):
-        sync(); t = time.perf_counter()
+        sync()
+        t = time.perf_counter()
         dec.prefill(0, p, greedy)
-        sync(); lines.append((rep, i, len(p), (time.perf_counter() - t) * 1000))
+        sync()
+        lines.append((rep, i, len(p), (time.perf_counter() - t) * 1000))
 for rep in range(3):
     ms = [m for r, _, _, m in lines if r == rep]
     print(f"repeat {rep}: prefill ms median {statistics.median(ms):.1f} min {min(ms):.1f} max {max(ms):.1f}  "
@@ -74,7 +78,8 @@ with torch.profiler.profile(activities=acts) as prof:
         dec.prefill(0, p, greedy)
     sync()
 by_cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)
-by_dev = prof.key_averages().table(sort_by="cuda_time_total" if args.device == "cuda" else "self_cpu_time_total", row_limit=30)
+by_dev = prof.key_averages().table(sort_by="cuda_time_total" if args.device == "cuda" else "self_cpu_time_total",
+                                   row_limit=30)
 (out / "prefill_profile.txt").write_text(f"{lines}\n\nby CPU time\n{by_cpu}\n\nby device time\n{by_dev}\n")
 print(by_cpu[:6000], flush=True)
 print(by_dev[:6000], flush=True)
