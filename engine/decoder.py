@@ -231,8 +231,9 @@ class BatchDecoder:
         else:
             tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
             last = torch.tensor(lens, device=dev) - 1
+        inputs = None if graphed else self._prefill_inputs(row, n, width)  # a graph builds its own
         logits, aux = self._prefill_run(graphed, ("prefill", row, width),
-                                        lambda: self._prefill_target(row, tokens, last))
+                                        lambda: self._prefill_target(row, tokens, last, inputs))
         probs = probs_from_logits(self._process(logits, sampling, [[[]]] * n), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + n] = lens
@@ -242,7 +243,7 @@ class BatchDecoder:
                 self.graph_first.copy_(first)
                 first = self.graph_first
             d = self._prefill_run(graphed, ("prefill draft", row, width),
-                                  lambda: self._prefill_drafter(row, tokens, last, first, aux))
+                                  lambda: self._prefill_drafter(row, tokens, last, first, aux, inputs))
             self._set_draft_state(row, n, d)
         firsts = first.tolist()
         logprobs = self._logprobs(logits, sampling, [[(0, t)] for t in firsts])
@@ -262,22 +263,23 @@ class BatchDecoder:
         return block_inputs(torch.zeros(n, dtype=torch.long, device=dev), causal(n, width, dev), depth, span,
                             row_offset=row)
 
-    def _prefill_target(self, row: int, tokens: torch.Tensor, last: torch.Tensor):
+    def _prefill_target(self, row: int, tokens: torch.Tensor, last: torch.Tensor, inputs: AttnInputs | None):
         """The target over right-padded prompts [n, width] from cache position 0: logits at each
         row's last prompt token, and the aux states the drafter reads."""
         n, width = tokens.shape
-        out = self.target(tokens, self._prefill_inputs(row, n, width), capture_aux=self.spec is not None,
-                          logits_at=last.view(n, 1))
+        inputs = self._prefill_inputs(row, n, width) if inputs is None else inputs
+        out = self.target(tokens, inputs, capture_aux=self.spec is not None, logits_at=last.view(n, 1))
         return out.logits, out.aux_hidden
 
     def _prefill_drafter(self, row: int, tokens: torch.Tensor, last: torch.Tensor, first: torch.Tensor,
-                         aux: torch.Tensor):
+                         aux: torch.Tensor, inputs: AttnInputs | None):
         """The drafter reads token t + 1 beside the target's state at t: the prompts shifted left,
         each row's first generated token after its last prompt token."""
         n, width = tokens.shape
+        inputs = self._prefill_inputs(row, n, width) if inputs is None else inputs
         ext = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
         ext[torch.arange(n, device=self.device), last] = first
-        return self.drafter(ext, aux, self._prefill_inputs(row, n, width), logits_at=last.view(n, 1))
+        return self.drafter(ext, aux, inputs, logits_at=last.view(n, 1))
 
     @torch.inference_mode()
     def prefill_shared(self, row: int, sources: list[int], prompts: list[list[int]],
