@@ -64,6 +64,12 @@ LAG_STEPS = 16
 PREFILL_GRAPH_TOKENS = 256
 
 
+def pow2_bucket(n: int, floor: int, cap: int) -> int:
+    """n rounded up to a power of two, at least floor, at most cap: the few shapes that graphs
+    are captured (and steps compiled) for."""
+    return min(cap, max(floor, 1 << (n - 1).bit_length()))
+
+
 @dataclass
 class SyntheticAcceptance:
     """Per-position acceptance rates [S] and the uniforms [max_batch, S] a step compares them
@@ -177,14 +183,14 @@ class BatchDecoder:
         or steps compiled: few buckets, each captured once)."""
         need = max(self.lens[:rows]) + extra
         if self.graphs.enabled or self.compiled:
-            return min(self.cache_len, max(256, 1 << (need - 1).bit_length()))
+            return pow2_bucket(need, 256, self.cache_len)
         m = self.span_multiple
         return min(self.cache_len, -(-need // m) * m)
 
     def _padded(self, rows: int) -> int:
         """Rows a device-side step runs: graphs run a power of two (the extra rows are free
         cache rows at length 0), so each is captured (and compiled) once."""
-        return min(self.max_batch, 1 << (rows - 1).bit_length()) if self.graphs.enabled else rows
+        return pow2_bucket(rows, 1, self.max_batch) if self.graphs.enabled else rows
 
     def _lens(self, rows: int, offset: int = 0) -> torch.Tensor:
         return torch.tensor(self.lens[offset:offset + rows], device=self.device)
@@ -223,7 +229,7 @@ class BatchDecoder:
         dev = self.device
         graphed = self.prefill_graphs and n == 1 and width <= min(PREFILL_GRAPH_TOKENS, self.cache_len)
         if graphed:  # one graph per width bucket: the prompt goes into the graph's input buffers
-            width = self._prefill_graph_width(width)
+            width = pow2_bucket(width, 16, self.cache_len)
             self.graph_prompt.zero_()
             self.graph_prompt[0, :lens[0]] = torch.tensor(prompts[0], device=dev)
             self.graph_last.fill_(lens[0] - 1)
@@ -252,9 +258,6 @@ class BatchDecoder:
     def _prefill_run(self, graphed: bool, key: tuple, fn):
         """fn replayed as its captured graph (captured on first use) when graphed, else eagerly."""
         return self.graphs.run(key, fn) if graphed else fn()
-
-    def _prefill_graph_width(self, width: int) -> int:
-        return min(self.cache_len, max(16, 1 << (width - 1).bit_length()))
 
     def _prefill_inputs(self, row: int, n: int, width: int) -> AttnInputs:
         dev = self.device
@@ -330,7 +333,7 @@ class BatchDecoder:
             return
         if self.prefill_graphs and self.graphs.enabled:
             limit = min(PREFILL_GRAPH_TOKENS, self.cache_len)
-            for width in sorted({self._prefill_graph_width(w) for w in range(1, limit + 1)}):
+            for width in sorted({pow2_bucket(w, 16, self.cache_len) for w in range(1, limit + 1)}):
                 for row in range(min(max_rows, self.max_batch)):
                     self.prefill(row, [0] * min(width, limit), BatchSampling.all_greedy_rows(1, self.device))
         shapes = {}

@@ -14,6 +14,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+from benchmarks.report import pyplot, save_figure  # noqa: E402
+
 out, sides = Path(sys.argv[1]), sys.argv[2:]
 base = os.environ.get("BASE", "plain")
 concs = [int(c) for c in os.environ.get("CONC", "1 8").split()]
@@ -46,10 +49,7 @@ stem = "summary" if base == "plain" else f"summary_{base}"
 (out / f"{stem}.md").write_text(text)
 print(text)
 if len(concs) > 2:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for s in others:
         r = [ratios[(s, c)] for c in concs]
         med_s = [statistics.median(x) for x in r]
@@ -61,5 +61,4 @@ if len(concs) > 2:
     ax.set_xlabel("concurrency")
     ax.set_ylabel(f"{'decode rate' if decode else 'output tok/s'} / {base} (median of {len(rounds)} rounds, range)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / f"{stem}.png", dpi=120)
+    save_figure(fig, out / f"{stem}.png")
