@@ -134,6 +134,7 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     plain = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target), drafter=None), None)
     warm_up_s["plain"] = time.perf_counter() - t0
+    print(f"plain: shapes up to batch {max(cs)} ready in {warm_up_s['plain']:.0f} s", flush=True)
     spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
 
     warmed = None  # the steps table whose shapes the spec engine has compiled and captured

@@ -42,7 +42,7 @@ pair)
     sweep pair_graphs 400 $P --prefill-graphs
     sweep pair_eager 400 $P ;;
 conc)
-    sweep conc${TAG:-} 585 --steps 2,4 --concurrency 1,2,4,8,16,32 --num-prompts 32 --rounds 2 --max-tokens 128 \
+    sweep conc${TAG:-} 585 --steps ${STEPS:-2,4} --concurrency 1,2,4,8,16,32 --num-prompts 32 --rounds 2 --max-tokens 128 \
         ${PREFILL_GRAPHS:+--prefill-graphs} ;;
 *) echo "stage: part | prefill | pair | conc" >&2; exit 2 ;;
 esac
