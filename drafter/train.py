@@ -234,8 +234,10 @@ def _reduce(t: torch.Tensor, d: Dist) -> torch.Tensor:
 def summarize(s: TTTStats, n_batches: int) -> dict:
     acc = (s.correct / s.counted.clamp_min(1)).tolist()
     sim = (1 + s.accepted / s.starts.clamp_min(1)).tolist()
+    walked = (s.walk_tokens / s.walk_cycles.clamp_min(1)).tolist()
     return {"loss_per_step": [round(x / max(1, n_batches), 4) for x in s.loss.tolist()],
-            "acc": [round(x, 4) for x in acc], "sim_accept_length": [round(x, 3) for x in sim]}
+            "acc": [round(x, 4) for x in acc], "sim_accept_length": [round(x, 3) for x in sim],
+            "walked_accept_length": [round(x, 3) for x in walked]}
 
 
 def _out_of_time(c: TrainConfig, started: float, d: Dist, device) -> bool:
@@ -360,7 +362,7 @@ def train(c: TrainConfig) -> dict:
     bar = tqdm(total=None if budget > 0 else total, initial=start, desc="train", unit="step", disable=not d.main)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     k = c.ttt_length
-    acc_stats, n_batches, tokens, t0 = torch.zeros(4 * k + 1, device=device), 0, 0, time.time()
+    acc_stats, n_batches, tokens, t0 = torch.zeros(TTTStats.size(k), device=device), 0, 0, time.time()
     model.train()
     done, trained_s, loop_start = start, trained_before, time.time()
     try:
@@ -403,7 +405,7 @@ def train(c: TrainConfig) -> dict:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
                     bar.set_postfix(loss=rec["loss"], acc0=summary["acc"][0],
-                                    accept=summary["sim_accept_length"][min(2, k - 1)])
+                                    accept=summary["walked_accept_length"][min(2, k - 1)])
                 acc_stats.zero_()
                 n_batches, tokens = 0, 0
             spent = budget > 0 and trained_s >= budget

@@ -68,20 +68,56 @@ class TTTStats:
     counted[k]: positions whose step-k prediction is an assistant token;
     accepted[s]: sum over start positions of the simulated chain acceptance with s + 1 steps
     (consecutive correct steps, capped); starts: number of start positions.
-    Simulated accept length at s steps = 1 + accepted[s - 1] / starts (bonus token included).
+    Simulated accept length at s steps = 1 + accepted[s - 1] / starts (bonus token included):
+    an average over every position, which overweights easy stretches, where a chain runs long.
+    walk_cycles[s]: verify steps of a greedy engine with s + 1 steps over the same answers
+    (`walked_cycles`); walk_tokens: the answer tokens those steps make (all but each answer's first,
+    which the prefill makes). walk_tokens / walk_cycles[s - 1] is the accept length the engine
+    reports on these answers (tests/test_drafter_ttt.py checks it against the engine).
     """
-    loss: torch.Tensor      # [K] per-step loss (mean over its positions)
-    correct: torch.Tensor   # [K]
-    counted: torch.Tensor   # [K]
-    accepted: torch.Tensor  # [K]
-    starts: torch.Tensor    # []
+    loss: torch.Tensor         # [K] per-step loss (mean over its positions)
+    correct: torch.Tensor      # [K]
+    counted: torch.Tensor      # [K]
+    accepted: torch.Tensor     # [K]
+    starts: torch.Tensor       # []
+    walk_cycles: torch.Tensor  # [K]
+    walk_tokens: torch.Tensor  # []
 
     def as_tensor(self) -> torch.Tensor:
-        return torch.cat([self.loss, self.correct, self.counted, self.accepted, self.starts.view(1)])
+        return torch.cat([self.loss, self.correct, self.counted, self.accepted, self.starts.view(1),
+                          self.walk_cycles, self.walk_tokens.view(1)])
+
+    @staticmethod
+    def size(k: int) -> int:
+        return 5 * k + 2
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor, k: int) -> "TTTStats":
-        return cls(t[:k], t[k:2 * k], t[2 * k:3 * k], t[3 * k:4 * k], t[4 * k])
+        return cls(t[:k], t[k:2 * k], t[2 * k:3 * k], t[3 * k:4 * k], t[4 * k], t[4 * k + 1:5 * k + 1], t[5 * k + 1])
+
+
+def walked_cycles(run: torch.Tensor, loss_mask: torch.Tensor, cap: int) -> torch.Tensor:
+    """Verify steps a greedy engine drafting chains of `cap` steps takes over the answers.
+
+    run [B, n]: consecutive correct steps of a chain drafted at position i (predicting x_{i+2}
+    on); loss_mask [B, n + 1]: answer tokens. The engine's first cycle of an answer drafts after
+    its first token (which the prefill makes); a cycle at i keeps a = min(run[i], cap) drafts and
+    a bonus token, and the next one starts at i + a + 1; cycles stop at the answer's last token.
+    Which positions the walk visits is found in log2(n) vectorized jumps (each level doubles the
+    jump length and adds the positions it reaches), not in a loop over cycles."""
+    b, n = run.shape
+    lm = loss_mask.bool()
+    valid = lm[:, 1:] & F.pad(lm[:, 2:], (0, 1))                  # x_{i+1} and x_{i+2} answer tokens
+    seeds = valid & ~lm[:, :n]                                     # x_{i+1}: an answer's first token
+    pos = torch.arange(n, device=run.device)
+    jump = torch.where(valid, pos + run.clamp(max=cap) + 1, n).clamp(max=n)
+    jump = torch.cat([jump, jump.new_full((b, 1), n)], dim=1)      # column n: where walks end
+    visited = torch.cat([seeds, seeds.new_zeros(b, 1)], dim=1)
+    for _ in range(max(1, n.bit_length())):
+        reached = torch.zeros_like(jump).scatter_add_(1, jump, visited.long()) > 0
+        visited = visited | reached
+        jump = jump.gather(1, jump)
+    return (visited[:, :n] & valid).sum().float()
 
 
 def unroll(drafter: Eagle3Drafter, input_ids: torch.Tensor, aux_hidden: torch.Tensor, length: int):
@@ -144,6 +180,9 @@ class TTTModel(nn.Module):
             starts = F.pad(loss_mask[:, 2:].bool(), (0, 1))          # step-0 prediction is an assistant token
             caps = torch.arange(1, steps + 1, device=dev).view(-1, 1)
             accepted = torch.minimum(run[starts].view(1, -1), caps).sum(1).float()
+            lm = loss_mask.bool()
+            walk_tokens = (lm[:, 1:] & lm[:, :-1]).sum().float()     # answer tokens after each answer's first
+            walk = torch.stack([walked_cycles(run, loss_mask, s) for s in range(1, steps + 1)])
             stats = TTTStats(torch.stack(losses), torch.stack(correct), torch.stack(counted), accepted,
-                             starts.sum().float())
+                             starts.sum().float(), walk, walk_tokens)
         return total, stats
