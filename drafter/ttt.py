@@ -73,7 +73,7 @@ class TTTStats:
     walk_cycles[s]: verify steps of a greedy engine with s + 1 steps over the same answers
     (`walked_cycles`); walk_tokens: the answer tokens those steps make (all but each answer's first,
     which the prefill makes). walk_tokens / walk_cycles[s - 1] is the accept length the engine
-    reports on these answers (tests/test_drafter_ttt.py checks it against the engine).
+    reports on these answers (tests/test_ttt_walk.py checks it against the engine).
     """
     loss: torch.Tensor         # [K] per-step loss (mean over its positions)
     correct: torch.Tensor      # [K]
