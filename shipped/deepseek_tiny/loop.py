@@ -417,7 +417,7 @@ def _vocab_size(target: Path) -> int:
 def _last_log(run: Path) -> dict:
     lines = (run / "log.jsonl").read_text().splitlines()
     rec = json.loads(lines[-1])
-    return {k: rec[k] for k in ("step", "loss", "acc", "sim_accept_length") if k in rec}
+    return {k: rec[k] for k in ("step", "loss", "acc", "sim_accept_length", "walked_accept_length") if k in rec}
 
 
 def ship_drafter(src: Path, out: Path) -> Path:
