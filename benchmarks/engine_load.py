@@ -29,7 +29,7 @@ class LoadResult:
     wall_s: float
     output_tokens: int
     throughput: float               # new tokens / s, all requests
-    request_tok_s: float            # median over requests of (tokens - 1) / decode seconds
+    request_tok_s: float            # median over requests of tokens after the first delta / seconds after it
     accept_length: float            # completion tokens / verify steps (1.0 without speculation)
     tokens_per_step: float          # tokens after each reply's first / verify steps (what the cost model needs)
     decode_tokens_per_reply: float  # mean tokens after the first (each reply also pays the step launched past it)
@@ -54,20 +54,22 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
 
     async def one(i: int, prompt: list[int]) -> None:
         async with gate:
-            start, first, last = time.perf_counter(), None, None
+            start, first, last, at_first = time.perf_counter(), None, None, 0
             async for out in engine.generate(f"load-{i}", prompt, params):
                 if out.error:
                     raise RuntimeError(f"request {i} failed: {out.error}")
                 now = time.perf_counter()
                 if first is None:
-                    first = now
+                    first, at_first = now, len(out.token_ids)
                     ttfts.append(now - start)
                 else:
                     gaps.append(now - last)
                 last = now
                 replies[i] = replies[i].then(out)
-            if len(replies[i].token_ids) > 1 and last > first:
-                rates.append((len(replies[i].token_ids) - 1) / (last - first))
+            # Tokens after the first delta over the time after it: a first delta read late holds
+            # more than the prefill's token, and those were not decoded in the timed span.
+            if len(replies[i].token_ids) > at_first and last > first:
+                rates.append((len(replies[i].token_ids) - at_first) / (last - first))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
