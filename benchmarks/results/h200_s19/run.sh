@@ -7,8 +7,11 @@
 #       the captured one (--prefill-graphs), then eager again (a start from a warm inductor cache)
 #   bash benchmarks/results/h200_s19/run.sh pair     # carries shipped/smollm2/drafter/model.safetensors:
 #       the pair at batch 1, compiled, chain 4 against plain, with --prefill-graphs, then without
-#   bash benchmarks/results/h200_s19/run.sh conc     # carries the drafter too: steps 0 / 2 / 4 at
-#       concurrency 1..32 and the table it picks (PREFILL_GRAPHS=1 adds --prefill-graphs); resumable
+#   bash benchmarks/results/h200_s19/run.sh conc     # carries the drafter too: plain and STEPS (default
+#       2,4) at concurrency 1..32 and the table it picks (PREFILL_GRAPHS=1 adds --prefill-graphs); resumable
+#   bash benchmarks/results/h200_s19/run.sh assemble # carries part.01: the target alone, for a machine that
+#       went cold after `prefill` (part.01 and the drafter together exceed a call's 64 MiB)
+# Session 19 ran part, prefill, pair, then (machine cold) part, assemble, `STEPS=4 PREFILL_GRAPHS=1 ... conc`.
 # Everything lives under runs/ (kept on a warm machine between calls), with one inductor cache, so a
 # stage cut by a call's limit goes on in the next call and later stages reuse earlier compiles.
 set -uo pipefail
@@ -31,6 +34,7 @@ profile() {  # name, args...
 }
 case "$1" in
 part) ls -l runs/gguf_parts ;;
+assemble) bash shipped/smollm2/gpu_build.sh assemble 2>&1 | tail -3 ;;
 prefill)
     bash shipped/smollm2/gpu_build.sh assemble 2>&1 | tail -3
     run 120 python3 -m pytest -m gpu tests/test_gpu.py -k prefill -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -3
@@ -44,6 +48,6 @@ pair)
 conc)
     sweep conc${TAG:-} 585 --steps ${STEPS:-2,4} --concurrency 1,2,4,8,16,32 --num-prompts 32 --rounds 2 --max-tokens 128 \
         ${PREFILL_GRAPHS:+--prefill-graphs} ;;
-*) echo "stage: part | prefill | pair | conc" >&2; exit 2 ;;
+*) echo "stage: part | prefill | pair | conc | assemble" >&2; exit 2 ;;
 esac
 echo "stage $1 done after $(( $(date +%s) - START ))s"
