@@ -57,7 +57,8 @@ COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
 LAG_STEPS = 16
 
 # With `prefill_graphs`, a lone prompt of at most this many tokens prefills as a CUDA graph, its
-# width padded to a power of two (16 on), one graph per (cache row, width). Eager, a prefill
+# width padded to a power of two (16 on), one graph per width: the cache row is read from a
+# device buffer (models.layers.AttnInputs.row_offset), so every row shares it. Eager, a prefill
 # is about a thousand small kernel launches (SmolLM2: 1,064), which took 40-80 ms of host time
 # on an H200 before the first token (benchmarks/results/h200_s18/). Longer prompts and groups
 # stay eager: there the products, not the launches, take the time.
@@ -131,6 +132,7 @@ class BatchDecoder:
             self.graph_prompt = torch.zeros(1, PREFILL_GRAPH_TOKENS, dtype=torch.long, device=self.device)
             self.graph_last = torch.zeros(1, dtype=torch.long, device=self.device)
             self.graph_first = torch.zeros(1, dtype=torch.long, device=self.device)
+            self.graph_row = torch.zeros(1, dtype=torch.long, device=self.device)
         # torch.compile fuses the many small kernels (norms, RoPE, masks) of a decode step and,
         # at one token, turns each weight GEMV into a reduction kernel (models.layers.Linear)
         # that COMPILE_OPTIONS tune. Batch 1 compiles with static shapes; larger (padded) batches
@@ -228,18 +230,20 @@ class BatchDecoder:
         width = max(lens)
         dev = self.device
         graphed = self.prefill_graphs and n == 1 and width <= min(PREFILL_GRAPH_TOKENS, self.cache_len)
-        if graphed:  # one graph per width bucket: the prompt goes into the graph's input buffers
+        at = row   # the cache row, or for a graph the buffer it reads the row from
+        if graphed:  # one graph per width bucket: prompt and row go into the graph's input buffers
             width = pow2_bucket(width, 16, self.cache_len)
             self.graph_prompt.zero_()
             self.graph_prompt[0, :lens[0]] = torch.tensor(prompts[0], device=dev)
             self.graph_last.fill_(lens[0] - 1)
-            tokens, last = self.graph_prompt[:, :width], self.graph_last
+            self.graph_row.fill_(row)
+            tokens, last, at = self.graph_prompt[:, :width], self.graph_last, self.graph_row
         else:
             tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
             last = torch.tensor(lens, device=dev) - 1
         inputs = None if graphed else self._prefill_inputs(row, n, width)  # a graph builds its own
-        logits, aux = self._prefill_run(graphed, ("prefill", row, width),
-                                        lambda: self._prefill_target(row, tokens, last, inputs))
+        logits, aux = self._prefill_run(graphed, ("prefill", width),
+                                        lambda: self._prefill_target(at, tokens, last, inputs))
         probs = probs_from_logits(self._process(logits, sampling, [[[]]] * n), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + n] = lens
@@ -248,8 +252,8 @@ class BatchDecoder:
             if graphed:
                 self.graph_first.copy_(first)
                 first = self.graph_first
-            d = self._prefill_run(graphed, ("prefill draft", row, width),
-                                  lambda: self._prefill_drafter(row, tokens, last, first, aux, inputs))
+            d = self._prefill_run(graphed, ("prefill draft", width),
+                                  lambda: self._prefill_drafter(at, tokens, last, first, aux, inputs))
             self._set_draft_state(row, n, d)
         firsts = first.tolist()
         logprobs = self._logprobs(logits, sampling, [[(0, t)] for t in firsts])
@@ -259,14 +263,15 @@ class BatchDecoder:
         """fn replayed as its captured graph (captured on first use) when graphed, else eagerly."""
         return self.graphs.run(key, fn) if graphed else fn()
 
-    def _prefill_inputs(self, row: int, n: int, width: int) -> AttnInputs:
+    def _prefill_inputs(self, row: int | torch.Tensor, n: int, width: int) -> AttnInputs:
         dev = self.device
         depth = torch.arange(width, device=dev).expand(n, width)
         span = min(self.cache_len, -(-width // self.span_multiple) * self.span_multiple)
         return block_inputs(torch.zeros(n, dtype=torch.long, device=dev), causal(n, width, dev), depth, span,
                             row_offset=row)
 
-    def _prefill_target(self, row: int, tokens: torch.Tensor, last: torch.Tensor, inputs: AttnInputs | None):
+    def _prefill_target(self, row: int | torch.Tensor, tokens: torch.Tensor, last: torch.Tensor,
+                        inputs: AttnInputs | None):
         """The target over right-padded prompts [n, width] from cache position 0: logits at each
         row's last prompt token, and the aux states the drafter reads."""
         n, width = tokens.shape
@@ -274,7 +279,7 @@ class BatchDecoder:
         out = self.target(tokens, inputs, capture_aux=self.spec is not None, logits_at=last.view(n, 1))
         return out.logits, out.aux_hidden
 
-    def _prefill_drafter(self, row: int, tokens: torch.Tensor, last: torch.Tensor, first: torch.Tensor,
+    def _prefill_drafter(self, row: int | torch.Tensor, tokens: torch.Tensor, last: torch.Tensor, first: torch.Tensor,
                          aux: torch.Tensor, inputs: AttnInputs | None):
         """The drafter reads token t + 1 beside the target's state at t: the prompts shifted left,
         each row's first generated token after its last prompt token."""
@@ -328,14 +333,13 @@ class BatchDecoder:
         capture (a minute or more per shape on GPU with `compile`) happen before serving, not in
         a request's time; compiled, at the narrowest and the widest span. Leaves every row empty.
         Eager steps without graphs (CPU) have nothing to prepare: it returns at once. With
-        `prefill_graphs`, the captured prefills of those rows too, at every width."""
+        `prefill_graphs`, the captured prefills too, one per width (every row shares them)."""
         if not (self.graphs.enabled or self.compiled):
             return
         if self.prefill_graphs and self.graphs.enabled:
             limit = min(PREFILL_GRAPH_TOKENS, self.cache_len)
             for width in sorted({pow2_bucket(w, 16, self.cache_len) for w in range(1, limit + 1)}):
-                for row in range(min(max_rows, self.max_batch)):
-                    self.prefill(row, [0] * min(width, limit), BatchSampling.all_greedy_rows(1, self.device))
+                self.prefill(0, [0] * min(width, limit), BatchSampling.all_greedy_rows(1, self.device))
         shapes = {}
         for rows in range(1, min(max_rows, self.max_batch) + 1):
             shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)

@@ -7,7 +7,7 @@ from models.layers import AttnInputs
 
 
 def block_inputs(base_len: torch.Tensor, block_mask: torch.Tensor, depth: torch.Tensor, span: int,
-                 row_offset: int = 0, query_offset: int | torch.Tensor = 0) -> AttnInputs:
+                 row_offset: int | torch.Tensor = 0, query_offset: int | torch.Tensor = 0) -> AttnInputs:
     """Inputs for T query tokens of each row b written at cache positions base_len[b] + query_offset + t.
 
     block_mask [B, T, R]: which of the R block positions (base_len .. base_len + R - 1) each

@@ -71,12 +71,14 @@ class AttnInputs:
 
     positions: RoPE positions [B, T]; slots: cache positions written by each query token [B, T];
     mask: which cache positions each query may attend to, [B, 1, T, S] bool, S <= cache length;
-    row_offset: batch element i uses cache row row_offset + i (active rows are contiguous).
+    row_offset: batch element i uses cache row row_offset + i (active rows are contiguous); a
+    one-element device tensor instead makes the row data, so that one captured graph serves
+    every row (the captured prefill, engine/decoder.py).
     """
     positions: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor
-    row_offset: int = 0
+    row_offset: int | torch.Tensor = 0
 
 
 class KVCache(nn.Module):
@@ -91,6 +93,12 @@ class KVCache(nn.Module):
     def update(self, k: torch.Tensor, v: torch.Tensor, inputs: "AttnInputs"):
         """Write k, v ([B, H, T, D]) at `inputs.slots`; return the first S positions of the B rows."""
         b, off, span = k.shape[0], inputs.row_offset, inputs.mask.shape[-1]
+        if isinstance(off, torch.Tensor):   # rows from device data: gathered, not sliced
+            first = off + torch.arange(b, device=k.device)
+            rows = first.unsqueeze(1).expand_as(inputs.slots)
+            self.k[rows, :, inputs.slots] = k.transpose(1, 2)
+            self.v[rows, :, inputs.slots] = v.transpose(1, 2)
+            return self.k[:, :, :span].index_select(0, first), self.v[:, :, :span].index_select(0, first)
         rows = torch.arange(off, off + b, device=k.device).unsqueeze(1).expand_as(inputs.slots)
         self.k[rows, :, inputs.slots] = k.transpose(1, 2)
         self.v[rows, :, inputs.slots] = v.transpose(1, 2)

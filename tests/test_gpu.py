@@ -69,7 +69,8 @@ def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
 @pytest.mark.parametrize("steps", [0, 3])
 def test_captured_prefill_equals_eager(steps):
     """`prefill_graphs` (fp32): each prompt prefilled alone as a captured graph (widths 16 and 64,
-    rows 0..2) decodes as the eager prefill of the same prompt alone does."""
+    rows 0..2; rows 0 and 2 replay one width-16 graph with the row from its buffer) decodes as the
+    eager prefill of the same prompt alone does."""
     t, d = build(torch.float32)
     spec = SpecConfig(steps) if steps else None
     eager = decode(t, d, spec, PROMPTS, fast=True, alone=True)
