@@ -59,9 +59,9 @@ LAG_STEPS = 16
 # With `prefill_graphs`, a lone prompt of at most this many tokens prefills as a CUDA graph, its
 # width padded to a power of two (16 on), one graph per width: the cache row is read from a
 # device buffer (models.layers.AttnInputs.row_offset), so every row shares it. Eager, a prefill
-# is about a thousand small kernel launches (SmolLM2: 1,064), which took 40-80 ms of host time
-# on an H200 before the first token (benchmarks/results/h200_s18/). Longer prompts and groups
-# stay eager: there the products, not the launches, take the time.
+# is about a thousand small kernel launches (SmolLM2: 1,064), tens of milliseconds of host time
+# on an H200 before the first token; captured, a few (benchmarks/results/h200_s19/). Longer
+# prompts and groups stay eager: there the products, not the launches, take the time.
 PREFILL_GRAPH_TOKENS = 256
 
 
