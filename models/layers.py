@@ -93,15 +93,13 @@ class KVCache(nn.Module):
     def update(self, k: torch.Tensor, v: torch.Tensor, inputs: "AttnInputs"):
         """Write k, v ([B, H, T, D]) at `inputs.slots`; return the first S positions of the B rows."""
         b, off, span = k.shape[0], inputs.row_offset, inputs.mask.shape[-1]
-        if isinstance(off, torch.Tensor):   # rows from device data: gathered, not sliced
-            first = off + torch.arange(b, device=k.device)
-            rows = first.unsqueeze(1).expand_as(inputs.slots)
-            self.k[rows, :, inputs.slots] = k.transpose(1, 2)
-            self.v[rows, :, inputs.slots] = v.transpose(1, 2)
-            return self.k[:, :, :span].index_select(0, first), self.v[:, :, :span].index_select(0, first)
-        rows = torch.arange(off, off + b, device=k.device).unsqueeze(1).expand_as(inputs.slots)
+        data_row = isinstance(off, torch.Tensor)   # rows from device data: gathered, not sliced
+        ids = off + torch.arange(b, device=k.device) if data_row else torch.arange(off, off + b, device=k.device)
+        rows = ids.unsqueeze(1).expand_as(inputs.slots)
         self.k[rows, :, inputs.slots] = k.transpose(1, 2)
         self.v[rows, :, inputs.slots] = v.transpose(1, 2)
+        if data_row:
+            return self.k[:, :, :span].index_select(0, ids), self.v[:, :, :span].index_select(0, ids)
         return self.k[off:off + b, :, :span], self.v[off:off + b, :, :span]
 
     def copy_positions(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
