@@ -124,37 +124,29 @@ def own_cache_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose few-row products on GPU, under torch.compile, are reductions over the input.
+    """nn.Linear whose one-token product on GPU, under torch.compile, is a reduction over the input.
 
     At batch 1 a decode step is weight reads: cuBLAS cuts a narrow matrix (q/k/v, o_proj,
     down_proj of an 8B layer) into fewer tiles than the GPU has SMs and reads it below copy
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
     blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
-    benchmarks/results/h200_decode/). A verify of a few tokens is the same weight read, so up to
-    GPU_FEW_ROWS rows take the same form when their count is static (batch 1's compile), one
-    weight read for all rows (`few_rows_reduction`; benchmarks/results/h200_s20/). Accumulates in
-    fp32 like cuBLAS. Eager, CPU and larger products use F.linear, except float32 row counts on
-    CPU where `few_rows_cpu` was measured faster on this processor (models/cpu_products.py; the
-    engine sets it at load).
+    benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
+    multi-token calls use F.linear, except float32 row counts on CPU where `few_rows_cpu` was
+    measured faster on this processor (models/cpu_products.py; the engine sets it at load).
     """
     gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side
-    few_rows_as_reduction = True
     cpu_few_rows: frozenset[int] = frozenset()  # row counts that take few_rows_cpu (CPU float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemv_as_reduction and x.is_cuda and torch.compiler.is_compiling():
-            if x.numel() == self.in_features:
-                return gemv_reduction(x, self.weight, self.bias)
-            rows = x.numel() // self.in_features
-            if self.few_rows_as_reduction and isinstance(rows, int) and rows <= GPU_FEW_ROWS:
-                return few_rows_reduction(x, self.weight, self.bias)
+        if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
+                and torch.compiler.is_compiling()):
+            return gemv_reduction(x, self.weight, self.bias)
         if (self.cpu_few_rows and x.device.type == "cpu" and x.dtype == torch.float32
                 and x.numel() // self.in_features in self.cpu_few_rows):
             return few_rows_cpu(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-GPU_FEW_ROWS = 8
 CPU_FEW_ROWS = 8
 
 
@@ -183,16 +175,6 @@ def gemv_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """F.linear for one input row as multiply-and-sum in fp32 (one fused reduction once compiled)."""
     y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)
     return (y if bias is None else y + bias.float()).to(x.dtype)
-
-
-def few_rows_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a few input rows as one multiply-and-sum in fp32, laid out [out, rows]: the
-    rows of one output share each weight load, so the weight is read once (laid out [rows, out],
-    it would be read once per row)."""
-    rows = x.reshape(-1, x.shape[-1])
-    y = (weight.float().unsqueeze(1) * rows.float().unsqueeze(0)).sum(-1).t()
-    y = y if bias is None else y + bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def concat_linears(parts: list[nn.Module]) -> nn.Module | None:

@@ -106,18 +106,3 @@ def test_one_token_gemv_as_reduction_matches_linear():
     ours = gemv_reduction(x.bfloat16(), w.bfloat16())
     assert ours.dtype == torch.bfloat16
     assert (ours.float() - exact).abs().max() <= (F.linear(x.bfloat16(), w.bfloat16()).float() - exact).abs().max() * 2
-
-
-@pytest.mark.parametrize("rows", [2, 5, 8])
-def test_few_rows_as_reduction_matches_linear(rows):
-    """The form models.layers.Linear takes for a few tokens (a verify) under torch.compile on GPU,
-    laid out [out, rows] so the weight is read once: the same product as F.linear, any shape."""
-    import torch.nn.functional as F
-
-    from models.layers import few_rows_reduction
-    torch.manual_seed(0)
-    x, w, b = torch.randn(1, rows, 512), torch.randn(384, 512) / 16, torch.randn(384)
-    assert torch.allclose(few_rows_reduction(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
-    assert torch.allclose(few_rows_reduction(x.view(rows, 1, 512), w), F.linear(x, w).view(rows, 1, 384),
-                          atol=1e-5, rtol=1e-5)
-    assert few_rows_reduction(x.bfloat16(), w.bfloat16()).dtype == torch.bfloat16

@@ -1,5 +1,6 @@
-"""Where a compiled batch-1 engine step spends its GPU time: a plain step against a chain cycle,
-with a verify's few-row products as cuBLAS GEMMs or as reductions (models.layers.Linear).
+"""Where a compiled batch-1 engine step spends its GPU time: a plain step against a chain cycle.
+(Session 20's calls 1-2 ran it at 6c4b7af, where a verify's few-row products could also be
+reductions; that form lost, benchmarks/results/h200_s20/README.md.)
 
 Each setting is the engine's own step (BatchDecoder, compiled, CUDA graph), rewound to the same
 context every step. Reports the step's wall time in the engine loop (host read included) and
@@ -22,7 +23,6 @@ from benchmarks.shapes import random_pair
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, load_models
 from engine.sampling import BatchSampling
-from models.layers import Linear
 
 KINDS = [("attention", ("flash", "fmha", "attention", "cudnn", "sdpa")),
          ("GEMM (cuBLAS)", ("gemv", "gemm", "cutlass", "xmma", "nvjet", "sm90", "cublas")),
@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--shape", default="smollm2", help="random pair of this shape (benchmarks/shapes.py) "
                     "when no --model: a cycle's cost does not depend on what it accepts")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--settings", default="chain,plain", help="which steps to profile, in order")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--device", default="cuda", help="cpu only to check the script (nothing is captured there)")
     ap.add_argument("--out", required=True, help="output stem: .json and .txt")
@@ -102,19 +103,21 @@ def main() -> None:
            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__}
     lines = []
     with torch.inference_mode():
-        for label, steps, few_rows in (("plain", 0, True), (f"chain {args.steps}, few rows as reductions", args.steps, True),
-                                       (f"chain {args.steps}, few rows on cuBLAS", args.steps, False)):
-            Linear.few_rows_as_reduction = few_rows
+        settings = {"plain": ("plain", 0), "chain": (f"chain {args.steps}", args.steps)}
+        for label, steps in (settings[k] for k in args.settings.split(",")):
             p = res[label] = profile(target, drafter, steps, args.iters)
-            section = [f"\n{label}: wall {p['wall_ms']:.3f} ms/step ({p['wall_ms'] / res['plain']['wall_ms']:.2f} "
-                       f"plain steps), kernels {p['kernel_ms']:.3f} ms in {p['kernels']:.0f}; warm-up {p['warm_s']:.0f} s"]
+            section = [f"\n{label}: wall {p['wall_ms']:.3f} ms/step, kernels {p['kernel_ms']:.3f} ms in {p['kernels']:.0f}; warm-up {p['warm_s']:.0f} s"]
             section += [f"  {k:<22} {v['ms']:7.3f} ms {v['kernels']:5.0f} kernels" for k, v in
                         sorted(p["by_kind"].items(), key=lambda kv: -kv[1]["ms"])]
             section += [f"    {t['ms']:7.3f} ms {t['calls']:5.0f}x  {t['kernel']}" for t in p["top"][:12]]
             print("\n".join(section), flush=True)
             lines += section
             json.dump(res, open(f"{args.out}.json", "w"), indent=1)
-    Linear.few_rows_as_reduction = True
+    chain = res.get(f"chain {args.steps}")
+    if chain and "plain" in res:
+        lines.append(f"\nchain {args.steps} / plain: wall {chain['wall_ms'] / res['plain']['wall_ms']:.2f}, "
+                     f"kernel time {chain['kernel_ms'] / max(res['plain']['kernel_ms'], 1e-9):.2f} (0 on CPU)")
+        print(lines[-1])
     open(f"{args.out}.txt", "w").write("\n".join(lines) + "\n")
 
 

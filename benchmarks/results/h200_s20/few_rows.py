@@ -1,5 +1,5 @@
 """How fast a verify's few-row products read the weights, compiled: cuBLAS (F.linear) against
-the reduction laid out [out, rows] (models.layers.few_rows_reduction), next to the one-token
+the reduction laid out [out, rows] (`few_rows_reduction` below), next to the one-token
 GEMV a plain decode step runs (models.layers.gemv_reduction).
 
 For each shape, every layer's q/k/v, o, gate/up and down products in one compiled function
@@ -20,17 +20,26 @@ import torch.nn.functional as F
 from benchmarks.shapes import TARGETS
 from benchmarks.timing import time_ms
 from engine.decoder import COMPILE_OPTIONS
-from models.layers import few_rows_reduction, gemv_reduction
+from models.layers import gemv_reduction
 
 ROWS = {"8b": [1, 4, 8], "smollm2": [1, 5]}
 
 
-def shapes(name: str) -> dict[str, list[tuple[int, int]]]:
+def few_rows_reduction(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear for a few input rows as one multiply-and-sum in fp32, laid out [out, rows], in the
+    hope that the rows of one output share each weight load (measured: they do not; session 20
+    took it out of models.layers.Linear)."""
+    rows = x.reshape(-1, x.shape[-1])
+    y = (weight.float().unsqueeze(1) * rows.float().unsqueeze(0)).sum(-1).t()
+    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def shapes(name: str, layers: int | None) -> dict[str, list[tuple[int, int]]]:
     c = TARGETS[name]
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     layer = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
              (c.hidden_size, c.intermediate_size)]
-    return {"layers": layer * c.num_hidden_layers, "lm_head": [(c.vocab_size, c.hidden_size)]}
+    return {"layers": layer * (layers or c.num_hidden_layers), "lm_head": [(c.vocab_size, c.hidden_size)]}
 
 
 def product(kind: str, rows: int):
@@ -39,10 +48,10 @@ def product(kind: str, rows: int):
     return gemv_reduction if rows == 1 else few_rows_reduction
 
 
-def measure(name: str, dev: torch.device, iters: int) -> list[dict]:
+def measure(name: str, dev: torch.device, iters: int, layers: int | None) -> list[dict]:
     out = []
     gen = torch.Generator(dev).manual_seed(0)
-    for part, mats in shapes(name).items():
+    for part, mats in shapes(name, layers).items():
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=gen) * 0.02 for n, k in mats]
         gb = sum(w.numel() * 2 for w in weights) / 1e9
         for rows in ROWS[name]:
@@ -66,6 +75,8 @@ def measure(name: str, dev: torch.device, iters: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="smollm2,8b")
+    ap.add_argument("--layers", type=int, help="layers per timed function (default: all; each product is tuned "
+                    "and compiled on its own, so all of SmolLM2's 30 took minutes)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -73,7 +84,7 @@ def main() -> None:
     rows = []
     with torch.inference_mode():
         for name in args.shapes.split(","):
-            rows += measure(name, dev, args.iters)
+            rows += measure(name, dev, args.iters, args.layers)
             json.dump({"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": rows},
                       open(args.out, "w"), indent=1)
 
