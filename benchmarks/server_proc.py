@@ -1,10 +1,15 @@
-"""A free port for a server and the one wait for its /health, used by benchmarks and tests."""
+"""A free port for a server, the one wait for its /health, and our server on vLLM's CPU build
+started and stopped: used by benchmarks and tests."""
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 
@@ -39,3 +44,42 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: floa
         if time.monotonic() > deadline:
             raise TimeoutError(failed(f"not healthy after {timeout_s:.0f} s"))
         time.sleep(0.2)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"   # `make vllm-venv`
+
+
+def vllm_env() -> dict:
+    """The environment vLLM's CPU guide asks for: its OpenMP runtime preloaded."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    iomp = ROOT / ".venv-vllm" / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        env["LD_PRELOAD"] = ":".join(p for p in (env.get("LD_PRELOAD"), str(iomp)) if p)
+    return env
+
+
+@contextlib.contextmanager
+def cpu_vllm_server(log: Path, args: list[str] = (),
+                    timeout_s: float = 420.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Our server with the cpu-vllm profile (`launch.cli`, plus `args`), healthy: (url, process).
+    Stopped on exit with SIGTERM (the server stops vLLM itself), then whatever vLLM process of its
+    session outlived it is killed."""
+    port = free_port()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "launch.cli", "--profile", "cpu-vllm", *args,
+                                 "--port", str(port)], cwd=ROOT, env=vllm_env(), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout_s, log.read_text)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -38,31 +38,44 @@ def _prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
+@dataclass
+class Reply:
+    """One greedy reply: the whole of its token ids and the request's last output (usage, spec)."""
+    token_ids: list[int]
+    last: object  # engine.api.GenerationOutput
+
+
+async def greedy_replies(engine, prompts: list[list[dict] | str], max_tokens: int, bar=None) -> list[Reply]:
+    """Every prompt at once through a started engine, greedy, each to max_tokens or what fits."""
+    from engine.api import SamplingParams
+
+    async def one(prompt) -> Reply:
+        ids = _prompt_ids(engine.tokenizer, prompt)
+        room = engine.info.max_context - len(ids) - 1
+        reply, last = [], None
+        async for out in engine.generate(uuid.uuid4().hex, ids, SamplingParams(max_tokens=min(max_tokens, room),
+                                                                               temperature=0.0)):
+            if out.error:
+                raise RuntimeError(out.error)
+            reply += out.token_ids
+            last = out
+        if bar is not None:
+            bar.update(1)
+        return Reply(reply, last)
+
+    return await asyncio.gather(*(one(m) for m in prompts))
+
+
 async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: int) -> EvalResult:
     """One step count: an engine over the already loaded models, every prompt at once."""
-    from engine.api import SamplingParams
     from engine.loading import build_engine
 
     engine = build_engine(args, loaded)
     draft, steps = args.draft, args.spec.steps
     await engine.start()
-    tok = engine.tokenizer
     bar = tqdm(total=len(prompts), desc=f"eval {Path(draft).name} steps={steps}", unit="prompt")
-
-    async def one(prompt):
-        ids = _prompt_ids(tok, prompt)
-        room = engine.info.max_context - len(ids) - 1
-        last = None
-        async for out in engine.generate(uuid.uuid4().hex, ids, SamplingParams(max_tokens=min(max_tokens, room),
-                                                                               temperature=0.0)):
-            if out.error:
-                raise RuntimeError(out.error)
-            last = out
-        bar.update(1)
-        return last
-
     try:
-        outs = await asyncio.gather(*(one(m) for m in prompts))
+        outs = [r.last for r in await greedy_replies(engine, prompts, max_tokens, bar)]
     finally:
         bar.close()
         await engine.shutdown()

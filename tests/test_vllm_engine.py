@@ -10,9 +10,7 @@ responses; a client that leaves frees its request in vLLM; a dead vLLM engine co
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,10 +21,9 @@ import openai
 import psutil
 import pytest
 
-from benchmarks.server_proc import free_port, wait_healthy
+from benchmarks.server_proc import VLLM_PYTHON, cpu_vllm_server
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TARGET, DRAFT = ROOT / "shipped" / "target", ROOT / "shipped" / "drafter"
 STEPS = 3
 MAX_TOKENS = 48
@@ -43,36 +40,11 @@ class Served:
     log: Path
 
 
-def _env() -> dict:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    iomp = ROOT / ".venv-vllm" / "lib" / "libiomp5.so"  # vLLM's CPU guide: its OpenMP preloaded
-    if iomp.is_file():
-        env["LD_PRELOAD"] = ":".join(p for p in (env.get("LD_PRELOAD"), str(iomp)) if p)
-    return env
-
-
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    port = free_port()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "launch.cli", "--profile", "cpu-vllm", "--port", str(port)],
-                                cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    served = Served(f"http://127.0.0.1:{port}", proc, log)
-    try:
-        wait_healthy(served.url, proc, 420, log.read_text)
-        yield served
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # the server stops vLLM itself
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever vLLM process outlived it
-        except ProcessLookupError:
-            pass
+    with cpu_vllm_server(log) as (url, proc):
+        yield Served(url, proc, log)
 
 
 def client(s: Served) -> openai.OpenAI:

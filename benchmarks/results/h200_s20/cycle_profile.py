@@ -106,7 +106,8 @@ def main() -> None:
         settings = {"plain": ("plain", 0), "chain": (f"chain {args.steps}", args.steps)}
         for label, steps in (settings[k] for k in args.settings.split(",")):
             p = res[label] = profile(target, drafter, steps, args.iters)
-            section = [f"\n{label}: wall {p['wall_ms']:.3f} ms/step, kernels {p['kernel_ms']:.3f} ms in {p['kernels']:.0f}; warm-up {p['warm_s']:.0f} s"]
+            section = [f"\n{label}: wall {p['wall_ms']:.3f} ms/step, kernels {p['kernel_ms']:.3f} ms in "
+                       f"{p['kernels']:.0f}; warm-up {p['warm_s']:.0f} s"]
             section += [f"  {k:<22} {v['ms']:7.3f} ms {v['kernels']:5.0f} kernels" for k, v in
                         sorted(p["by_kind"].items(), key=lambda kv: -kv[1]["ms"])]
             section += [f"    {t['ms']:7.3f} ms {t['calls']:5.0f}x  {t['kernel']}" for t in p["top"][:12]]

@@ -55,19 +55,22 @@ def measure(name: str, dev: torch.device, iters: int, layers: int | None) -> lis
         weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=gen) * 0.02 for n, k in mats]
         gb = sum(w.numel() * 2 for w in weights) / 1e9
         for rows in ROWS[name]:
-            xs = {k: torch.randn(1, rows, k, device=dev, dtype=torch.bfloat16, generator=gen) for k in {k for _, k in mats}}
+            xs = {k: torch.randn(1, rows, k, device=dev, dtype=torch.bfloat16, generator=gen)
+                  for k in {k for _, k in mats}}
             results = {}
             for kind in ("cublas", "reduction"):
                 f = product(kind, rows)
-                fn = torch.compile(lambda f=f: [f(xs[w.shape[1]], w) for w in weights], options=dict(COMPILE_OPTIONS))
+                torch._dynamo.reset()  # one lambda, many compiles: call 2's last hit dynamo's recompile limit
+                fn = torch.compile(lambda f=f, ws=weights: [f(xs[w.shape[1]], w) for w in ws],
+                                   options=dict(COMPILE_OPTIONS))
                 ms = time_ms(fn, dev, iters)
                 results[kind] = fn()
                 out.append({"shape": name, "part": part, "rows": rows, "kind": kind, "ms": ms, "gb": gb,
                             "gb_per_s": gb / ms * 1e3})
                 print(f"{name:8s} {part:8s} rows {rows}  {kind:9s} {ms:8.3f} ms  {gb / ms * 1e3:7.0f} GB/s", flush=True)
-            diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(results["cublas"], results["reduction"]))
+            diff = max((a.float() - b.float()).abs().max().item()
+                       for a, b in zip(results["cublas"], results["reduction"]))
             out[-1]["max_abs_diff_vs_cublas"] = diff
-        del weights
         torch.cuda.empty_cache()
     return out
 

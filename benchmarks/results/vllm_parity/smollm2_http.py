@@ -9,9 +9,6 @@ Writes OUT/smollm2_http.{json,md}: equal texts, and both engines' accept lengths
 """
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import openai
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from benchmarks.engine_load import native_replies  # noqa: E402
-from benchmarks.server_proc import free_port, wait_healthy  # noqa: E402
+from benchmarks.server_proc import cpu_vllm_server  # noqa: E402
 from drafter.prompts import raw_prompt_ids  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
 from server.prompts import chat_prompt_ids  # noqa: E402
@@ -46,21 +43,10 @@ ids = [chat_prompt_ids(tok, ChatCompletionRequest(model=MODEL, messages=m)) for 
 ids += [raw_prompt_ids(tok, t) for t in texts]
 native = native_replies(args.target, args.draft, ids, steps=STEPS, max_tokens=args.max_tokens)
 
-env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-iomp = ROOT / ".venv-vllm" / "lib" / "libiomp5.so"   # vLLM's CPU guide: its OpenMP preloaded
-if iomp.is_file():
-    env["LD_PRELOAD"] = ":".join(p for p in (env.get("LD_PRELOAD"), str(iomp)) if p)
-port = free_port()
 log = Path(args.out) / "smollm2_http_server.log"
-with open(log, "wb") as fh:
-    proc = subprocess.Popen([str(ROOT / ".venv-vllm" / "bin" / "python"), "-m", "launch.cli", "--profile", "cpu-vllm",
-                             "--model", args.target, "--draft", args.draft, "--served-model-name", MODEL,
-                             "--port", str(port)], cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                            start_new_session=True)
 rows = []
-try:
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc, 600, log.read_text)
+served = ["--model", args.target, "--draft", args.draft, "--served-model-name", MODEL]
+with cpu_vllm_server(log, served, 600) as (url, _):
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
     kw = dict(model=MODEL, temperature=0, max_tokens=args.max_tokens)
     for i, n in enumerate(native):
@@ -75,16 +61,6 @@ try:
                      "vllm_tokens": r.usage.completion_tokens, "native_tokens": len(n["token_ids"]),
                      "vllm_verify_steps": spec["verify_steps"], "native_verify_steps": n["verify_steps"]})
         print(rows[-1], flush=True)
-finally:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def accept(side: str) -> float:

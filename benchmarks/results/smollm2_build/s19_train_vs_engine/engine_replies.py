@@ -6,12 +6,10 @@ drafter-data records with their exact ids, and the engine's own accept length ov
 import asyncio
 import json
 import sys
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-from drafter.evaluate import _prompt_ids  # noqa: E402
-from engine.api import SamplingParams  # noqa: E402
+from drafter.evaluate import greedy_replies  # noqa: E402
 from engine.decoder import SpecConfig  # noqa: E402
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine  # noqa: E402
 
@@ -24,18 +22,14 @@ args = NativeEngineArgs(model=target, draft=draft, spec=SpecConfig(steps=3), dev
 async def main():
     engine = build_engine(args, LoadedModels.load(args))
     await engine.start()
-
-    async def one(messages):
-        ids, reply, last = _prompt_ids(engine.tokenizer, messages), [], None
-        async for o in engine.generate(uuid.uuid4().hex, ids, SamplingParams(max_tokens=256, temperature=0.0)):
-            reply += o.token_ids
-            last = o
-        return {"messages": messages + [{"role": "assistant", "content": ""}], "completion_ids": [reply],
-                "verify_steps": last.spec.verify_steps, "completion_tokens": last.completion_tokens}
     try:
-        return await asyncio.gather(*(one(m) for m in prompts))
+        replies = await greedy_replies(engine, prompts, 256)
     finally:
         await engine.shutdown()
+    return [{"messages": m + [{"role": "assistant", "content": ""}], "completion_ids": [r.token_ids],
+             "verify_steps": r.last.spec.verify_steps, "completion_tokens": r.last.completion_tokens}
+            for m, r in zip(prompts, replies)]
+
 
 rows = asyncio.run(main())
 Path(out_file).write_text("".join(json.dumps(r) + "\n" for r in rows))
