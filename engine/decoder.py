@@ -17,6 +17,7 @@ forward, at the node that chose each emitted token, so they do not depend on spe
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,9 @@ class BatchDecoder:
             drafter.setup_cache(max_batch, alloc)
         self.lens = [0] * max_batch                                   # committed target cache length
         self._in_flight = 0                                           # launched, not yet collected
+        # Device-side steps collected, and the host's time waiting for them in `collect`: near
+        # zero per step, the GPU is the one waiting (the host loop is the bound; benchmarks read it).
+        self.collected, self.collect_wait_s = 0, 0.0
         # Launch a step before reading the previous one? On GPU it keeps the device busy; on
         # CPU a launch computes synchronously, so it would only add latency.
         self.overlap = self.device.type == "cuda"
@@ -413,7 +417,10 @@ class BatchDecoder:
     def collect(self, step: "InFlight") -> list[StepResult]:
         """Wait for a launched step (releasing the GIL on GPU) and account its tokens."""
         if step.done is not None:
+            t0 = time.perf_counter()
             step.done.synchronize()
+            self.collect_wait_s += time.perf_counter() - t0
+        self.collected += 1
         self._in_flight -= 1
         tokens, counts = step.tokens.tolist(), step.counts.tolist()
         results = []
