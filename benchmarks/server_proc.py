@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -60,7 +60,7 @@ def vllm_env() -> dict:
 
 
 @contextlib.contextmanager
-def cpu_vllm_server(log: Path, args: list[str] = (),
+def cpu_vllm_server(log: Path, args: Sequence[str] = (),
                     timeout_s: float = 420.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """Our server with the cpu-vllm profile (`launch.cli`, plus `args`), healthy: (url, process).
     Stopped on exit with SIGTERM (the server stops vLLM itself), then whatever vLLM process of its
