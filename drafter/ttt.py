@@ -96,8 +96,8 @@ class TTTStats:
         return cls(t[:k], t[k:2 * k], t[2 * k:3 * k], t[3 * k:4 * k], t[4 * k], t[4 * k + 1:5 * k + 1], t[5 * k + 1])
 
 
-def walked_cycles(run: torch.Tensor, loss_mask: torch.Tensor, cap: int) -> torch.Tensor:
-    """Verify steps a greedy engine drafting chains of `cap` steps takes over the answers.
+def walked_cycles(run: torch.Tensor, loss_mask: torch.Tensor, caps: list[int]) -> torch.Tensor:
+    """Verify steps [len(caps)] a greedy engine drafting chains of each cap takes over the answers.
 
     run [B, n]: consecutive correct steps of a chain drafted at position i (predicting x_{i+2}
     on); loss_mask [B, n + 1]: answer tokens. The engine's first cycle of an answer drafts after
@@ -110,14 +110,18 @@ def walked_cycles(run: torch.Tensor, loss_mask: torch.Tensor, cap: int) -> torch
     valid = lm[:, 1:] & F.pad(lm[:, 2:], (0, 1))                  # x_{i+1} and x_{i+2} answer tokens
     seeds = valid & ~lm[:, :n]                                     # x_{i+1}: an answer's first token
     pos = torch.arange(n, device=run.device)
-    jump = torch.where(valid, pos + run.clamp(max=cap) + 1, n).clamp(max=n)
-    jump = torch.cat([jump, jump.new_full((b, 1), n)], dim=1)      # column n: where walks end
-    visited = torch.cat([seeds, seeds.new_zeros(b, 1)], dim=1)
-    for _ in range(max(1, n.bit_length())):
-        reached = torch.zeros_like(jump).scatter_add_(1, jump, visited.long()) > 0
-        visited = visited | reached
-        jump = jump.gather(1, jump)
-    return (visited[:, :n] & valid).sum().float()
+    end = run.new_full((b, 1), n)                                  # column n: where walks end
+    start = torch.cat([seeds, seeds.new_zeros(b, 1)], dim=1)
+    cycles = []
+    for cap in caps:
+        jump = torch.cat([torch.where(valid, pos + run.clamp(max=cap) + 1, n).clamp(max=n), end], dim=1)
+        visited = start
+        for _ in range(max(1, n.bit_length())):
+            reached = torch.zeros_like(jump).scatter_add_(1, jump, visited.long()) > 0
+            visited = visited | reached
+            jump = jump.gather(1, jump)
+        cycles.append((visited[:, :n] & valid).sum().float())
+    return torch.stack(cycles)
 
 
 def unroll(drafter: Eagle3Drafter, input_ids: torch.Tensor, aux_hidden: torch.Tensor, length: int):
@@ -182,7 +186,7 @@ class TTTModel(nn.Module):
             accepted = torch.minimum(run[starts].view(1, -1), caps).sum(1).float()
             lm = loss_mask.bool()
             walk_tokens = (lm[:, 1:] & lm[:, :-1]).sum().float()     # answer tokens after each answer's first
-            walk = torch.stack([walked_cycles(run, loss_mask, s) for s in range(1, steps + 1)])
+            walk = walked_cycles(run, loss_mask, list(range(1, steps + 1)))
             stats = TTTStats(torch.stack(losses), torch.stack(correct), torch.stack(counted), accepted,
                              starts.sum().float(), walk, walk_tokens)
         return total, stats
