@@ -51,29 +51,29 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"   # `make vllm-venv`
 
 
 def vllm_env() -> dict:
-    """The environment vLLM's CPU guide asks for: its OpenMP runtime preloaded."""
+    """The environment vLLM's CPU guide asks for: its Intel OpenMP runtime preloaded."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    iomp = ROOT / ".venv-vllm" / "lib" / "libiomp5.so"
+    iomp = VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"
     if iomp.is_file():
         env["LD_PRELOAD"] = ":".join(p for p in (env.get("LD_PRELOAD"), str(iomp)) if p)
     return env
 
 
 @contextlib.contextmanager
-def cpu_vllm_server(log: Path, args: Sequence[str] = (),
-                    timeout_s: float = 420.0) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Our server with the cpu-vllm profile (`launch.cli`, plus `args`), healthy: (url, process).
-    Stopped on exit with SIGTERM (the server stops vLLM itself), then whatever vLLM process of its
-    session outlived it is killed."""
-    port = free_port()
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "launch.cli", "--profile", "cpu-vllm", *args,
-                                 "--port", str(port)], cwd=ROOT, env=vllm_env(), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+def server_process(cmd: Sequence[str], log: Path, env: dict, url: str,
+                   timeout_s: float = 420.0) -> Iterator[subprocess.Popen]:
+    """A server process in its own session (the command and its output appended to `log`),
+    healthy on `url`. Stopped on exit with SIGTERM (our server stops its engine itself), then
+    whatever process of its session outlived it (a vLLM engine core) is killed."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as fh:
+        fh.write(("\n### " + " ".join(cmd) + "\n").encode())
+        fh.flush()
+        proc = subprocess.Popen(list(cmd), cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
-        wait_healthy(url, proc, timeout_s, log.read_text)
-        yield url, proc
+        wait_healthy(url, proc, timeout_s, lambda: log.read_text(errors="replace"))
+        yield proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -83,3 +83,14 @@ def cpu_vllm_server(log: Path, args: Sequence[str] = (),
                 proc.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def cpu_vllm_server(log: Path, args: Sequence[str] = (),
+                    timeout_s: float = 420.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Our server with the cpu-vllm profile (`launch.cli`, plus `args`), healthy: (url, process)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [str(VLLM_PYTHON), "-m", "launch.cli", "--profile", "cpu-vllm", *args, "--port", str(port)]
+    with server_process(cmd, log, vllm_env(), url, timeout_s) as proc:
+        yield url, proc

@@ -13,10 +13,14 @@ import json
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from drafter.prompts import raw_prompt_ids, read_prompts
+
+if TYPE_CHECKING:
+    from engine.api import GenerationOutput
 
 
 @dataclass
@@ -42,7 +46,7 @@ def _prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
 class Reply:
     """One greedy reply: the whole of its token ids and the request's last output (usage, spec)."""
     token_ids: list[int]
-    last: object  # engine.api.GenerationOutput
+    last: GenerationOutput
 
 
 async def greedy_replies(engine, prompts: list[list[dict] | str], max_tokens: int, bar=None) -> list[Reply]:

@@ -117,15 +117,6 @@ def write_prompts(path: Path, texts: list[str]) -> Path:
 
 # -- servers ---------------------------------------------------------------------------------
 
-def vllm_env() -> dict:
-    """vLLM's CPU guide: its Intel OpenMP preloaded."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    iomp = VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"
-    if iomp.is_file():
-        env["LD_PRELOAD"] = ":".join(p for p in (env.get("LD_PRELOAD"), str(iomp)) if p)
-    return env
-
-
 def free_port() -> int:
     from benchmarks.server_proc import free_port as fp
     return fp()
@@ -134,27 +125,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def process(cmd: list[str], log: Path, env: dict, url: str, timeout_s: float = 420):
     """A server process in its own session, healthy on `url`; stopped (and its children) after."""
-    import signal
+    from benchmarks.server_proc import server_process
 
-    from benchmarks.server_proc import wait_healthy
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as fh:
-        fh.write(("\n### " + " ".join(cmd) + "\n").encode())
-        fh.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(url, proc, timeout_s, lambda: log.read_text(errors="replace"))
+    with server_process(cmd, log, env, url, timeout_s):
         yield url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)   # whatever vLLM process outlived it
+
+
+def vllm_env() -> dict:
+    from benchmarks.server_proc import vllm_env as env
+    return env()
 
 
 def ours(draft: Path, log: Path, target: Path = TARGET):
