@@ -49,8 +49,10 @@ def probs_from_logits(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
         return _one_hot_argmax(logits)
     # An extreme penalty (repetition_penalty 1e-107) or a small temperature can overflow a logit
     # to +inf, and softmax over +inf is NaN: the largest finite value stands in (overflowed
-    # logits tie).
-    x = (logits / s.temperature.clamp_min(1e-5).view(-1, 1, 1)).clamp(max=torch.finfo(logits.dtype).max)
+    # logits tie). A temperature past float32's range (1.7e307) is +inf here, and a masked
+    # logit (-inf: min_tokens, a grammar) over +inf is NaN: the largest finite temperature stands in.
+    big = torch.finfo(logits.dtype).max
+    x = (logits / s.temperature.clamp(1e-5, big).view(-1, 1, 1)).clamp(max=big)
     v = x.shape[-1]
     if bool(((s.top_k > 0) & (s.top_k < v)).any()) or bool((s.top_p < 1).any()):
         sorted_x, order = x.sort(dim=-1, descending=True)

@@ -116,3 +116,17 @@ def test_sample_rows_draws_each_row_from_its_own_distribution():
         expected = probs[row][keep].double() / probs[row].double().sum() * counts.sum()
         assert chisquare(counts[keep], expected).pvalue > 1e-3
     assert torch.equal(draws(7, 50), draws(7, 50))
+
+
+def test_a_temperature_past_float32_range_over_masked_logits_is_a_distribution():
+    """Found by the HTTP fuzzer (temperature 1.75e307 with min_tokens): the temperature is +inf
+    in float32, and a masked logit (-inf) over it was NaN, which killed the engine thread in
+    sampling. It now samples as the largest finite temperature does: near uniform, the masked
+    token never."""
+    from engine.sampling import BatchSampling, probs_from_logits
+    logits = torch.randn(1, 1, 8)
+    logits[0, 0, 3] = float("-inf")
+    s = BatchSampling(temperature=torch.tensor([1.75e307]), top_p=torch.ones(1),
+                      top_k=torch.zeros(1, dtype=torch.long), generators=[None])
+    p = probs_from_logits(logits, s)[0, 0]
+    assert torch.isfinite(p).all() and p[3] == 0 and torch.allclose(p.sum(), torch.tensor(1.0))
