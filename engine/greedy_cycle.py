@@ -1,14 +1,18 @@
 """Sync-free greedy steps: everything on the device, fixed shapes, one host read per step.
 
-With every row greedy and a chain drafter, acceptance needs no host decisions: a draft is
+With every row greedy, acceptance needs no host decisions: a draft is
 accepted while it equals the target's argmax (cumprod of matches), the bonus is the argmax
 after the last accepted draft, and the drafter extend runs at fixed width S + 1 with the
 unused tail masked by position. Fixed shapes let engine/cuda_graphs.py capture a whole
 step — draft, verify, accept, extend, state update — in one CUDA graph.
 
 The step functions read and update the decoder's device state (lens_dev, pending, draft_logits,
-draft_hidden, and the drafter's backlog lag_*) and return (tokens [B, W], counts [B]): row b
-produced tokens[b, :counts[b]].
+draft_hidden, and the drafter's backlog lag_*) and return (tokens [B, W], counts [B], proposed
+[B]): row b produced tokens[b, :counts[b]] from a verify of `proposed[b]` drafts deep.
+
+Greedy trees (topk > 1) run device-side too: at most one root-to-node path can match the
+target's argmax, found with the tree's ancestor mask, and its cache entries are moved to
+consecutive positions inside the same step.
 
 At 0 draft steps (a steps table's choice for large batches) the drafter is not needed until
 drafting resumes, so `deferred_greedy` only verifies the pending token and keeps what the
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.draft_tree import chain_draft_step
+from engine.draft_tree import DraftState, chain_draft_step, draft_tree
 from engine.masks import block_inputs, causal, one_token_inputs
 from models.layers import AttnInputs
 
@@ -37,7 +41,7 @@ def _pending_step(dec, rows: int, span: int, capture_aux: bool = False):
 
 def plain_greedy(dec, rows: int, span: int, steps: int = 0):
     new, _ = _pending_step(dec, rows, span)
-    return new.unsqueeze(1), torch.ones_like(new)
+    return new.unsqueeze(1), torch.ones_like(new), torch.zeros_like(new)
 
 
 def deferred_greedy(dec, rows: int, span: int, steps: int = 0):
@@ -49,7 +53,7 @@ def deferred_greedy(dec, rows: int, span: int, steps: int = 0):
     dec.lag_tokens[pick, at] = new
     dec.lag_aux[pick, at] = out.aux_hidden[:, 0]
     dec.lag_dev[:rows] += 1
-    return new.unsqueeze(1), torch.ones_like(new)
+    return new.unsqueeze(1), torch.ones_like(new), torch.zeros_like(new)
 
 
 def drafter_catch_up(dec, rows: int, lens: torch.Tensor, span: int, width: int) -> None:
@@ -91,14 +95,56 @@ def chain_greedy(dec, rows: int, span: int, steps: int):
     if dec.synthetic is not None:  # benchmarks only (BatchDecoder.use_synthetic_acceptance)
         match = dec.synthetic.uniforms[:rows, :steps] < dec.synthetic.rates[:steps]
     accepted = match.long().cumprod(-1).sum(-1)                                      # [B]
+    # Emitted tokens: accepted drafts then the bonus (the argmax after the last accepted draft).
     bonus = argmax.gather(1, accepted.unsqueeze(1))                                  # [B, 1]
     idx = torch.arange(n, device=dev).unsqueeze(0)
-    # Emitted tokens: accepted drafts then the bonus; the same sequence feeds the drafter extend.
     emitted = torch.where(idx < accepted.unsqueeze(1), torch.cat([chain[:, 1:], bonus], 1), bonus)
-    d = drafter(emitted, out.aux_hidden, block_inputs(base, causal(rows, n, dev), depth, span),
-                logits_at=accepted.unsqueeze(1))
+    _extend(dec, rows, span, base, emitted, out.aux_hidden, accepted)
+    return emitted, accepted + 1, torch.full_like(accepted, steps)
+
+
+def tree_greedy(dec, rows: int, span: int, steps: int):
+    """An SGLang-style tree of spec.draft_tokens nodes, `steps` deep (engine/draft_tree.py),
+    verified in one forward. Greedy, at most one path is right (siblings differ): its deepest
+    node is the one whose every ancestor is the target's argmax at its parent. The accepted
+    path's cache entries move to consecutive positions, then the drafter extends as a chain's."""
+    spec, dev = dec.spec, dec.device
+    base = dec.lens_dev[:rows].clone()
+    tree = draft_tree(dec.drafter, DraftState(dec.draft_logits[:rows], dec.draft_hidden[:rows]), dec.pending[:rows],
+                      base, steps, spec.topk, spec.draft_tokens, span)
+    out = dec.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True)
+    argmax = out.logits.argmax(-1)                                                   # [B, N]
+    right = tree.tokens == argmax.gather(1, tree.parents.clamp(min=0))
+    right[:, 0] = True                                                               # the root
+    ok = ~(tree.ancestors & ~right.unsqueeze(1)).any(-1)                             # [B, N]
+    best = torch.where(ok, tree.depth, -1).argmax(-1)                                # [B]
+    accepted = tree.depth.gather(1, best.unsqueeze(1))[:, 0]
+    # path[b, d]: the node at depth d on the accepted path; past its end, its last node again.
+    n, w = tree.tokens.shape[1], steps + 1
+    on_path = tree.ancestors[torch.arange(rows, device=dev), best]                  # [B, N]
+    column = torch.where(on_path, tree.depth, w)                                     # off the path: a spare column
+    path = torch.zeros(rows, w + 1, dtype=torch.long, device=dev).scatter_(
+        1, column, torch.arange(n, device=dev).expand(rows, n))[:, :w]
+    idx = torch.arange(w, device=dev).unsqueeze(0)
+    path = torch.where(idx <= accepted.unsqueeze(1), path, best.unsqueeze(1))
+    emitted = argmax.gather(1, path)          # each accepted draft is the argmax at its parent; then the bonus
+    every_row = torch.arange(rows, device=dev)
+    for layer in dec.target.layers:
+        layer.self_attn.kv_cache.copy_positions(every_row, base.unsqueeze(1) + path, base.unsqueeze(1) + idx)
+    aux = out.aux_hidden.gather(1, path.unsqueeze(-1).expand(-1, -1, out.aux_hidden.shape[-1]))
+    _extend(dec, rows, span, base, emitted, aux, accepted)
+    return emitted, accepted + 1, tree.depth.max(-1).values
+
+
+def _extend(dec, rows: int, span: int, base: torch.Tensor, emitted: torch.Tensor, aux: torch.Tensor,
+            accepted: torch.Tensor) -> None:
+    """The drafter over the emitted tokens [B, W] (fixed width; past accepted + 1 they are
+    masked by position and later overwritten), and the state the next step starts from."""
+    w = emitted.shape[1]
+    depth = torch.arange(w, device=dec.device).expand(rows, w)
+    d = dec.drafter(emitted, aux, block_inputs(base, causal(rows, w, dec.device), depth, span),
+                    logits_at=accepted.unsqueeze(1))
     dec.draft_logits[:rows] = d.logits[:, 0]
     dec.draft_hidden[:rows] = d.hidden[:, 0]
-    dec.pending[:rows] = bonus[:, 0]
+    dec.pending[:rows] = emitted.gather(1, accepted.unsqueeze(1))[:, 0]
     dec.lens_dev[:rows] = base + accepted + 1
-    return emitted, accepted + 1

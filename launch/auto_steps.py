@@ -45,10 +45,11 @@ def auto_setting(profile: Profile) -> tuple[SweepChoice | None, str]:
         table = result.get("steps_by_batch") or None
         if table is not None:
             parse_steps_table(table)
-        steps = int(best["steps"])
-        if table is not None:
+        if table is not None:  # a steps table serves chains, whatever won at concurrency 1
             steps = max(int(v) for v in table.values())
-        choice = SweepChoice(steps, int(best["topk"]) or 1, int(best["draft_tokens"]), table, str(path))
+            choice = SweepChoice(steps, 1, steps + 1, table, str(path))
+        else:
+            choice = SweepChoice(int(best["steps"]), int(best["topk"]) or 1, int(best["draft_tokens"]), None, str(path))
     except (OSError, ValueError, KeyError, TypeError) as e:
         return None, f"--steps auto: cannot read a setting from {path} ({e!r}); using {fallback}"
     if choice.steps == 0:

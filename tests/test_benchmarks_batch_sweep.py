@@ -22,14 +22,15 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
                                for c in h.CHAT_PROMPTS))
     out = tmp_path / "sweep.json"
     result = batch_sweep.main(["--model", str(models.target), "--draft", str(models.draft), "--steps", "1,2",
-                               "--concurrency", "1,2", "--prompts", str(prompts), "--num-prompts", "4",
-                               "--rounds", "1", "--max-tokens", "12", "--max-context", "256", "--device", "cpu",
-                               "--out", str(out)])
+                               "--trees", "2x2x4", "--concurrency", "1,2", "--prompts", str(prompts),
+                               "--num-prompts", "4", "--rounds", "1", "--max-tokens", "12", "--max-context", "256",
+                               "--device", "cpu", "--out", str(out)])
     assert json.loads(out.read_text())["steps_by_batch"] == result["steps_by_batch"]
     assert out.with_suffix(".md").stat().st_size > 0 and out.with_suffix(".png").stat().st_size > 0
     rows = result["rows"] + result["table_rows"]
     assert {(r["setting"], r["concurrency"]) for r in result["rows"]} == {
-        (s, c) for s in ("plain", "chain 1", "chain 2") for c in (1, 2)}
+        (s, c) for s in ("plain", "tree 2x2x4", "chain 1", "chain 2") for c in (1, 2)}
+    assert {(r["topk"], r["draft_tokens"]) for r in result["rows"] if r["setting"] == "tree 2x2x4"} == {(2, 4)}
     assert all(r["mismatches"] == 0 and r["output_tokens"] > 0 for r in rows), rows
     assert all(r["accept_length"] > 1 for r in rows if r["steps"])
     table = result["steps_by_batch"]
@@ -41,10 +42,11 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     profile.speculative.sweep_file = str(out)
     choice, message = auto_setting(profile)
     assert choice.steps == (max(table.values()) if table else result["best"]["steps"]), message
+    assert choice.topk == (1 if table else result["best"]["topk"])
     assert choice.steps_by_batch == table and str(out) in message
 
     sweep = cost_model.batch_one(result)
-    assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 1), (1, 1)]  # concurrency 1
+    assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 2), (2, 1), (1, 1)]  # concurrency 1
     assert set(cost_model.acceptance_curve(sweep)) == {1, 2} and cost_model.reply_tokens(sweep) > 0
 
 
@@ -66,7 +68,10 @@ def test_bad_flags_name_what_is_wrong(tmp_path, capsys):
     models = h.models()
     for argv, message in ((["--model", str(models.target)], "--model needs --draft"),
                           (["--model", str(models.target), "--draft", str(models.draft), "--synthetic-accept", "1"],
-                           "--synthetic-accept is for the random pair")):
+                           "--synthetic-accept is for the random pair"),
+                          (["--trees", "3x1x4"], "each is STEPSxTOPKxTOKENS"),
+                          (["--trees", "3x4", "--synthetic-accept", "1,1,1"], "each is STEPSxTOPKxTOKENS"),
+                          (["--trees", "3x4x8", "--synthetic-accept", "1,1,1"], "cannot drive --trees")):
         with pytest.raises(SystemExit):
             batch_sweep.main(argv + ["--out", str(tmp_path / "x.json")])
         assert message in capsys.readouterr().err

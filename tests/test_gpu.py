@@ -1,5 +1,5 @@
-"""On a GPU: the CUDA-graph greedy steps give the same tokens as the eager general path, and
-compiled steps give them too (fp32, plain decoding and the 3-step chain at batch 1, where
+"""On a GPU: the CUDA-graph greedy steps (plain, chain, tree) give the same tokens as the eager
+general path, and compiled steps give them too (fp32, plain decoding, the 3-step chain and a tree at batch 1, where
 one-token GEMVs are Triton reductions: models.layers.Linear).
 
 Random tiny models (bf16 and fp32), plain and chain-speculative decoding, batch 1 and 3
@@ -64,6 +64,16 @@ def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
     assert decode(t, d, spec, prompts, fast=True) == eager
     if dtype == torch.float32 and (steps, batch) in COMPILED_CASES:
         assert decode(t, d, spec, prompts, fast=True, compile=True) == eager
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])
+def test_tree_steps_on_graphs_equal_eager(compile):
+    """A greedy tree (4 deep, topk 4, 12 nodes) as one captured step (compiled: batch 1, fp32):
+    ancestor-mask acceptance and the cache compaction inside the graph give the host walk's tokens."""
+    t, d = build(torch.float32)
+    spec = SpecConfig(4, 4, 12)
+    prompts = PROMPTS[:1] if compile else PROMPTS
+    assert decode(t, d, spec, prompts, fast=True, compile=compile) == decode(t, d, spec, prompts, fast=False)
 
 
 @pytest.mark.parametrize("steps", [0, 3])

@@ -102,26 +102,43 @@ def test_compiled_decoder_matches_eager(models):
 
 
 def test_device_side_steps_trace_as_one_graph(models):
-    """torch.compile sees a whole plain step and a whole 3-step chain cycle (drafts, verify,
-    accept, extend) as one graph: no graph breaks, so nothing in them falls back to eager."""
+    """torch.compile sees a whole plain step, a whole 3-step chain cycle (drafts, verify,
+    accept, extend) and a whole tree cycle as one graph: no graph breaks, so nothing in them falls back to eager."""
     import torch._dynamo as dynamo
 
-    from engine.greedy_cycle import chain_greedy, deferred_greedy, plain_greedy
-    dec = BatchDecoder(models["target"], models["drafters"]["fitted"], SpecConfig(steps=3), max_batch=1,
-                       max_context=512, cuda_graphs=False)
-    dec.prefill(0, models["prompts"][1], greedy())
-    with torch.inference_mode():
-        for fn in (plain_greedy, chain_greedy, deferred_greedy):
-            e = dynamo.explain(fn)(dec, 1, dec.cache_len, 3)
-            assert (e.graph_count, e.graph_break_count) == (1, 0), (fn.__name__, e.break_reasons)
+    from engine.greedy_cycle import chain_greedy, deferred_greedy, plain_greedy, tree_greedy
+    for spec, fns in ((SpecConfig(steps=3), (plain_greedy, chain_greedy, deferred_greedy)),
+                      (SpecConfig(3, 4, 8), (tree_greedy,))):
+        dec = BatchDecoder(models["target"], models["drafters"]["fitted"], spec, max_batch=1,
+                           max_context=512, cuda_graphs=False)
+        dec.prefill(0, models["prompts"][1], greedy())
+        with torch.inference_mode():
+            for fn in fns:
+                e = dynamo.explain(fn)(dec, 1, dec.cache_len, 3)
+                assert (e.graph_count, e.graph_break_count) == (1, 0), (fn.__name__, e.break_reasons)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["device-step", "general-step"])
 @pytest.mark.parametrize("steps,topk,tokens", [(2, 2, 4), (3, 4, 8), (5, 3, 10), (8, 2, 16)])
 @pytest.mark.parametrize("kind", ["random", "fitted"])
-def test_tree_is_lossless(models, steps, topk, tokens, kind):
+def test_tree_is_lossless(models, steps, topk, tokens, kind, fast):
     for prompt, expected in zip(models["prompts"], models["baseline"]):
-        out, _ = decode(models["target"], models["drafters"][kind], SpecConfig(steps, topk, tokens), [prompt])
+        out, _ = decode(models["target"], models["drafters"][kind], SpecConfig(steps, topk, tokens), [prompt],
+                        fast=fast)
         assert out[0] == expected
+
+
+@pytest.mark.parametrize("steps,topk,tokens", [(3, 4, 8), (6, 8, 32)])
+def test_device_side_tree_accepts_what_the_general_path_accepts(models, steps, topk, tokens):
+    """Rows of different lengths in one batch: the device-side tree step (ancestor-mask
+    acceptance, cache compaction inside the step) accepts the same path lengths, step for step,
+    as the host's walk of the same tree, and the fitted drafter's long paths really happen."""
+    spec = SpecConfig(steps, topk, tokens)
+    target, drafter, prompts = models["target"], models["drafters"]["fitted"], models["prompts"]
+    device_side = decode(target, drafter, spec, prompts)
+    assert device_side == decode(target, drafter, spec, prompts, fast=False)
+    assert device_side[0] == models["baseline"]
+    assert max(max(a) for a in device_side[1]) >= 3
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["device-step", "general-step"])

@@ -1,4 +1,5 @@
-"""Where a compiled batch-1 engine step spends its GPU time: a plain step against a chain cycle.
+"""Where a compiled batch-1 engine step spends its GPU time: a plain step against a chain cycle
+or a tree cycle (`--settings tree --tree 6x8x32`, added in session 21).
 (Session 20's calls 1-2 ran it at 6c4b7af, where a verify's few-row products could also be
 reductions; that form lost, benchmarks/results/h200_s20/README.md.)
 
@@ -40,9 +41,8 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def profile(target, drafter, steps: int, iters: int) -> dict:
-    spec = SpecConfig(steps) if steps else None
-    dec = BatchDecoder(target, drafter if steps else None, spec, max_batch=1, max_context=1024, compile=True)
+def profile(target, drafter, spec: SpecConfig | None, iters: int) -> dict:
+    dec = BatchDecoder(target, drafter if spec else None, spec, max_batch=1, max_context=1024, compile=True)
     greedy = BatchSampling.all_greedy_rows(1, dec.device)
     dec.prefill(0, list(range(100, 228)), greedy)
     ctx = dec.lens[0]
@@ -89,7 +89,9 @@ def main() -> None:
     ap.add_argument("--shape", default="smollm2", help="random pair of this shape (benchmarks/shapes.py) "
                     "when no --model: a cycle's cost does not depend on what it accepts")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--settings", default="chain,plain", help="which steps to profile, in order")
+    ap.add_argument("--tree", default="6x8x32", help="the tree setting's steps x topk x draft tokens")
+    ap.add_argument("--settings", default="chain,plain", help="which steps to profile, in order: chain, "
+                    "tree, plain")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--device", default="cuda", help="cpu only to check the script (nothing is captured there)")
     ap.add_argument("--out", required=True, help="output stem: .json and .txt")
@@ -103,9 +105,11 @@ def main() -> None:
            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__}
     lines = []
     with torch.inference_mode():
-        settings = {"plain": ("plain", 0), "chain": (f"chain {args.steps}", args.steps)}
-        for label, steps in (settings[k] for k in args.settings.split(",")):
-            p = res[label] = profile(target, drafter, steps, args.iters)
+        tree = [int(v) for v in args.tree.split("x")]
+        settings = {"plain": ("plain", None), "chain": (f"chain {args.steps}", SpecConfig(args.steps)),
+                    "tree": (f"tree {args.tree}", SpecConfig(*tree))}
+        for label, spec in (settings[k] for k in args.settings.split(",")):
+            p = res[label] = profile(target, drafter, spec, args.iters)
             section = [f"\n{label}: wall {p['wall_ms']:.3f} ms/step, kernels {p['kernel_ms']:.3f} ms in "
                        f"{p['kernels']:.0f}; warm-up {p['warm_s']:.0f} s"]
             section += [f"  {k:<22} {v['ms']:7.3f} ms {v['kernels']:5.0f} kernels" for k, v in
@@ -114,11 +118,12 @@ def main() -> None:
             print("\n".join(section), flush=True)
             lines += section
             json.dump(res, open(f"{args.out}.json", "w"), indent=1)
-    chain = res.get(f"chain {args.steps}")
-    if chain and "plain" in res:
-        lines.append(f"\nchain {args.steps} / plain: wall {chain['wall_ms'] / res['plain']['wall_ms']:.2f}, "
-                     f"kernel time {chain['kernel_ms'] / max(res['plain']['kernel_ms'], 1e-9):.2f} (0 on CPU)")
-        print(lines[-1])
+    for label in (f"chain {args.steps}", f"tree {args.tree}"):
+        if label in res and "plain" in res:
+            cycle, plain = res[label], res["plain"]
+            lines.append(f"\n{label} / plain: wall {cycle['wall_ms'] / plain['wall_ms']:.2f}, "
+                         f"kernel time {cycle['kernel_ms'] / max(plain['kernel_ms'], 1e-9):.2f} (0 on CPU)")
+            print(lines[-1])
     open(f"{args.out}.txt", "w").write("\n".join(lines) + "\n")
 
 
