@@ -50,6 +50,10 @@ class InFlight:
 # than cuBLAS. Benchmarked fusion keeps inductor from fusing the RMSNorm/SiLU that feeds a
 # GEMV into it when that is slower (it can be). Measured in benchmarks/results/h200_decode/.
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
+# Except for trees: their products all have several rows (cuBLAS GEMMs, nothing to tune), and
+# with the options above a SmolLM2-shaped tree step did not finish compiling in 480 s on an H200
+# (benchmarks/results/h200_s21/README.md).
+TUNED_KINDS = ("plain", "chain", "deferred")
 
 # Device-side steps at 0 draft steps the drafter may fall behind before it catches up over them
 # in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
@@ -152,7 +156,7 @@ class BatchDecoder:
         if self.compiled:
             import torch._dynamo as dynamo
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-            self._fns = {k: torch.compile(_span_from_ref(f), options=dict(COMPILE_OPTIONS))
+            self._fns = {k: torch.compile(_span_from_ref(f), options=dict(COMPILE_OPTIONS) if k in TUNED_KINDS else {})
                          for k, f in self._fns.items()}
             self._fns_rows = {k: torch.compile(_span_from_ref(f), dynamic=True) for k, f in self._fns_rows.items()}
             self._span_base = torch.empty(self.cache_len, dtype=torch.uint8, device=self.device)
