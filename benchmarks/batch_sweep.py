@@ -127,7 +127,7 @@ def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0
 
 
 def run(args) -> dict:
-    """Settings interleave at each concurrency (plain, then every chain; later plain again beside
+    """Settings interleave at each concurrency (plain, every tree, every chain; later plain again beside
     the chosen table), so a machine whose speed drifts during the sweep (this project's shared
     CPU slowed by a third within half an hour) biases no ratio: each is against the plain run
     next to it."""
@@ -136,21 +136,18 @@ def run(args) -> dict:
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
     warm_up_s = {}  # seconds each engine or steps table took to compile and capture its shapes (this call)
-    t0 = time.perf_counter()
-    plain = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target), drafter=None), None)
-    warm_up_s["plain"] = time.perf_counter() - t0
-    print(f"plain: shapes up to batch {max(cs)} ready in {warm_up_s['plain']:.0f} s", flush=True)
-    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),))) if steps else None
-    trees = {}
-    for s, k, n in args.trees:
-        label = f"tree {s}x{k}x{n}"
+
+    def timed(label: str, prepare):
+        """prepare() builds or warms an engine; its seconds go to warm_up_s[label]."""
         t0 = time.perf_counter()
-        trees[label] = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
-                                                       drafter=own_cache_copy(loaded.drafter)), SpecConfig(s, k, n))
-        trees[label].decoder.warm_up(max(cs))
+        out = prepare()
         warm_up_s[label] = time.perf_counter() - t0
         print(f"{label}: shapes up to batch {max(cs)} ready in {warm_up_s[label]:.0f} s", flush=True)
+        return out
 
+    plain = timed("plain", lambda: build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
+                                                                   drafter=None), None))
+    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),))) if steps else None
     warmed = None  # the steps table whose shapes the spec engine has compiled and captured
 
     def chain(table: tuple, label: str, c: int, n_steps: int) -> None:
@@ -160,17 +157,29 @@ def run(args) -> dict:
         if table != warmed:
             spec.wait_idle()
             spec.decoder.set_steps_table(table)
-            t0 = time.perf_counter()
-            spec.decoder.warm_up(max(cs))
-            warm_up_s[label] = time.perf_counter() - t0
-            print(f"{label}: shapes up to batch {max(cs)} ready in {warm_up_s[label]:.0f} s", flush=True)
+            timed(label, lambda: spec.decoder.warm_up(max(cs)))
             warmed = table
         measure(spec, prompts, c, args, label, n_steps, progress)
 
+    trees = {}  # label -> its own engine (own KV caches), built when first measured
+
+    def tree(c: int, s: int, k: int, n: int) -> None:
+        label = f"tree {s}x{k}x{n}"
+        if progress.done(label, c):
+            return
+        if label not in trees:
+            def prepare():
+                engine = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
+                                                         drafter=own_cache_copy(loaded.drafter)), SpecConfig(s, k, n))
+                engine.decoder.warm_up(max(cs))
+                return engine
+            trees[label] = timed(label, prepare)
+        measure(trees[label], prompts, c, args, label, s, progress, topk=k, draft_tokens=n)
+
     for c in cs:
         measure(plain, prompts, c, args, "plain", 0, progress)
-        for (label, engine), (s, k, n) in zip(trees.items(), args.trees):
-            measure(engine, prompts, c, args, label, s, progress, topk=k, draft_tokens=n)
+        for s, k, n in args.trees:
+            tree(c, s, k, n)
         for s in reversed(steps):
             chain(((max(cs), s),), f"chain {s}", c, s)
     rows = [r for r in progress.rows if r["setting"] not in ("table", "plain again")]

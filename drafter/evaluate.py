@@ -99,17 +99,19 @@ async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: i
 
 def evaluate(target: str, drafts: list[str], prompts_file: str, steps: list[int], *, max_tokens: int = 256,
              limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16,
-             max_context: int = 2048) -> list[EvalResult]:
+             max_context: int = 2048, specs: list | None = None) -> list[EvalResult]:
+    """One result per drafter and step count (a chain), or per SpecConfig of `specs` (trees too)."""
     from engine.decoder import SpecConfig
     from engine.loading import LoadedModels, NativeEngineArgs
 
     prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt()
                for c in read_prompts(prompts_file, limit)]
+    specs = specs or [SpecConfig(steps=s) for s in steps]
     results = []
-    for d in drafts:  # each drafter loads once; each step count gets a fresh engine over it
-        args = [NativeEngineArgs(model=target, draft=d, spec=SpecConfig(steps=s), device=device, dtype=dtype,
+    for d in drafts:  # each drafter loads once; each setting gets a fresh engine over it
+        args = [NativeEngineArgs(model=target, draft=d, spec=spec, device=device, dtype=dtype,
                                  max_batch=min(max_batch, len(prompts)),  # the KV cache: max_batch rows
-                                 max_context=max_context, max_waiting=1 << 30) for s in steps]
+                                 max_context=max_context, max_waiting=1 << 30) for spec in specs]
         loaded = LoadedModels.load(args[0])
         results += [asyncio.run(_eval_one(a, loaded, prompts, max_tokens)) for a in args]
     return results
