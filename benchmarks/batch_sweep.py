@@ -2,12 +2,14 @@
 
 Speculation's gain shrinks as the batch grows, so the fastest step count depends on load. In
 one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, replies end at
-EOS), this measures plain decoding and chains of each --steps at each --concurrency, then
-picks per concurrency the step count with the highest output throughput (0: the table drafts
-nothing at that load) and serves the prompts again with that table in force, next to plain
-decoding again. --trees adds SGLang-style trees (steps x topk x draft tokens), each in its own
-engine at every concurrency; they compete for "best" but not for the table (a steps table is
-for chains). Every output is compared with plain decoding's (greedy: nothing may change; in
+EOS), this measures plain decoding, chains of each --steps and the speculative engine at 0
+steps ("0 steps": the target alone, the drafter's input kept) at each --concurrency, then picks
+per concurrency the fastest of the speculative engine's settings (0 included: a table can only
+choose what the engine it serves can run, and on the H200 its 0 steps measured 0.5-0.7x plain
+decoding at 16-32 rows, benchmarks/results/h200_s22/) and serves the prompts again with that
+table in force, next to plain decoding again. --trees adds SGLang-style trees (steps x topk x
+draft tokens), each in its own engine at every concurrency; they compete for "best" but not for
+the table (a steps table is for chains). Every output is compared with plain decoding's (greedy: nothing may change; in
 bf16 verify products round differently, so a mismatch count is reported, not assumed 0).
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
@@ -43,6 +45,8 @@ from engine.config import SpecConfig
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine
 from models.layers import own_cache_copy
 from models.model_source import resolve_model_path
+
+ZERO = "0 steps"  # the speculative engine drafting nothing (engine/greedy_cycle.py deferred_greedy)
 
 
 def load(args) -> tuple[LoadedModels, list[list[int]]]:
@@ -113,21 +117,20 @@ def measure(engine, prompts, concurrency, args, label, steps, progress: Progress
 
 
 def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0.0) -> dict[str, int]:
-    """Per concurrency, the speculative step count with the highest throughput, where it beats
-    plain decoding by more than `min_gain` (a share); else 0. A gain inside the run-to-run
-    noise is no reason to draft: at 0 steps a step costs about a plain one (engine/greedy_cycle.py),
-    a chain that only measured level with plain may well run below it."""
+    """Per concurrency, the chain step count with the highest throughput, where it beats the
+    speculative engine at 0 steps by more than `min_gain` (a share); else 0. A gain inside the
+    run-to-run noise is no reason to draft."""
     table = {}
     for c in concurrencies:
-        plain = next(r["throughput"] for r in rows if r["concurrency"] == c and r["setting"] == "plain")
-        chains = [r for r in rows if r["concurrency"] == c and r["setting"] != "plain" and r.get("topk", 1) == 1]
+        off = next(r["throughput"] for r in rows if r["concurrency"] == c and r["setting"] == ZERO)
+        chains = [r for r in rows if r["concurrency"] == c and r["setting"].startswith("chain ")]
         best = max(chains, key=lambda r: r["throughput"], default=None)
-        table[str(c)] = best["steps"] if best and best["throughput"] > plain * (1 + min_gain) else 0
+        table[str(c)] = best["steps"] if best and best["throughput"] > off * (1 + min_gain) else 0
     return table
 
 
 def run(args) -> dict:
-    """Settings interleave at each concurrency (plain, every tree, every chain; later plain again beside
+    """Settings interleave at each concurrency (plain, every tree, every chain, 0 steps; later plain again beside
     the chosen table), so a machine whose speed drifts during the sweep (this project's shared
     CPU slowed by a third within half an hour) biases no ratio: each is against the plain run
     next to it."""
@@ -182,6 +185,8 @@ def run(args) -> dict:
             tree(c, s, k, n)
         for s in reversed(steps):
             chain(((max(cs), s),), f"chain {s}", c, s)
+        if steps:
+            chain(((max(cs), 0),), ZERO, c, 0)
     rows = [r for r in progress.rows if r["setting"] not in ("table", "plain again")]
     table = choose_table(rows, cs, args.min_gain)
     if steps and any(table.values()):
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "CUDA graph (engine/decoder.py PREFILL_GRAPH_TOKENS)")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--min-gain", type=float, default=0.03,
-                    help="draft at a concurrency only where a chain beats plain by more than this share")
+                    help="draft at a concurrency only where a chain beats 0 steps by more than this share")
     ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
     ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
     args = ap.parse_args(argv)

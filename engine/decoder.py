@@ -57,8 +57,9 @@ TUNED_KINDS = ("plain", "chain", "deferred")
 
 # Device-side steps at 0 draft steps the drafter may fall behind before it catches up over them
 # in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
-# once a token, leaves a step at 0 drafts about a plain step; the backlog's memory is
-# max_batch * LAG_STEPS * (3 * target hidden) values.
+# once a token, leaves a step at 0 drafts about a plain step on CPU (on the H200 at 16-32 rows it
+# measured 1.4-2x one, host-bound, cause not found: benchmarks/results/h200_s22/); the backlog's
+# memory is max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
 
 # With `prefill_graphs`, a lone prompt of at most this many tokens prefills as a CUDA graph, its
@@ -198,6 +199,14 @@ class BatchDecoder:
             return pow2_bucket(need, 256, self.cache_len)
         m = self.span_multiple
         return min(self.cache_len, -(-need // m) * m)
+
+    def _span_buckets(self) -> list[int]:
+        """Every span a captured or compiled step can attend over (_span's buckets)."""
+        spans, n = [], 256
+        while n < self.cache_len:
+            spans.append(n)
+            n *= 2
+        return spans + [self.cache_len]
 
     def _padded(self, rows: int) -> int:
         """Rows a device-side step runs: graphs run a power of two (the extra rows are free
@@ -356,9 +365,11 @@ class BatchDecoder:
         for rows in shapes.values():
             for row in range(rows):
                 self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
-            self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
-            if self.compiled:  # the widest span too: a guard it fails recompiles now, not in serving
-                self.lens[:rows] = [self.cache_len - self._step_reach()] * rows
+            # Every span bucket, narrowest to widest: each is a graph of its own, and a capture
+            # in serving (a device sync and two runs of the step) stalls every request in flight.
+            # Compiled, the widest span's guard is checked too: one it fails recompiles now.
+            for span in self._span_buckets():
+                self.lens[:rows] = [max(2, span - self._step_reach())] * rows
                 self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
         self.lens = [0] * self.max_batch
         if self.spec:

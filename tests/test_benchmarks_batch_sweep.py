@@ -29,7 +29,7 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     assert out.with_suffix(".md").stat().st_size > 0 and out.with_suffix(".png").stat().st_size > 0
     rows = result["rows"] + result["table_rows"]
     assert {(r["setting"], r["concurrency"]) for r in result["rows"]} == {
-        (s, c) for s in ("plain", "tree 2x2x4", "chain 1", "chain 2") for c in (1, 2)}
+        (s, c) for s in ("plain", "tree 2x2x4", "chain 1", "chain 2", "0 steps") for c in (1, 2)}
     assert {(r["topk"], r["draft_tokens"]) for r in result["rows"] if r["setting"] == "tree 2x2x4"} == {(2, 4)}
     assert all(r["mismatches"] == 0 and r["output_tokens"] > 0 for r in rows), rows
     assert all(r["accept_length"] > 1 for r in rows if r["steps"])
@@ -46,7 +46,7 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     assert choice.steps_by_batch == table and str(out) in message
 
     sweep = cost_model.batch_one(result)
-    assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 2), (2, 1), (1, 1)]  # concurrency 1
+    assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 2), (2, 1), (1, 1), (0, 0)]  # conc. 1
     assert set(cost_model.acceptance_curve(sweep)) == {1, 2} and cost_model.reply_tokens(sweep) > 0
 
 
@@ -57,8 +57,8 @@ def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):
     result = batch_sweep.main(["--shape", "tiny", "--device", "cpu", "--steps", "2", "--concurrency", "1",
                                "--synthetic-accept", "1,1", "--num-prompts", "2", "--prompt-len", "8",
                                "--max-tokens", "16", "--rounds", "1", "--out", str(out)])
-    plain, chain = result["rows"]
-    assert plain["tokens_per_step"] == 1.0 and plain["x_plain_throughput"] == 1.0
+    plain, chain, off = result["rows"]
+    assert plain["tokens_per_step"] == off["tokens_per_step"] == 1.0 and plain["x_plain_throughput"] == 1.0
     assert chain["tokens_per_step"] == 3.0 and chain["decode_tokens_per_reply"] == 15  # 5 steps of 3
     assert json.loads(out.read_text())["synthetic_acceptance"] == [1.0, 1.0]
     assert "SYNTHETIC" in out.with_suffix(".md").read_text()
@@ -78,13 +78,15 @@ def test_bad_flags_name_what_is_wrong(tmp_path, capsys):
 
 
 def test_the_table_drafts_only_past_the_noise_margin():
-    """A chain goes into the table where it beats plain decoding by more than --min-gain."""
+    """A chain goes into the table where it beats the speculative engine at 0 steps (what the
+    table would run instead) by more than --min-gain, whatever plain decoding measured."""
     rows = [dict(setting=s, steps=k, concurrency=c, throughput=t) for s, k, c, t in [
-        ("plain", 0, 1, 100.0), ("chain 1", 1, 1, 130.0), ("chain 2", 2, 1, 125.0),
-        ("plain", 0, 8, 100.0), ("chain 1", 1, 8, 102.0), ("chain 2", 2, 8, 90.0),
-        ("plain", 0, 16, 100.0), ("chain 1", 1, 16, 80.0)]]
-    assert batch_sweep.choose_table(rows, [1, 8, 16], min_gain=0.03) == {"1": 1, "8": 0, "16": 0}
-    assert batch_sweep.choose_table(rows, [1, 8, 16]) == {"1": 1, "8": 1, "16": 0}
+        ("plain", 0, 1, 100.0), ("chain 1", 1, 1, 130.0), ("chain 2", 2, 1, 125.0), ("0 steps", 0, 1, 98.0),
+        ("plain", 0, 8, 100.0), ("chain 1", 1, 8, 102.0), ("chain 2", 2, 8, 90.0), ("0 steps", 0, 8, 100.0),
+        ("plain", 0, 16, 100.0), ("chain 1", 1, 16, 80.0), ("0 steps", 0, 16, 85.0),
+        ("plain", 0, 32, 100.0), ("chain 1", 1, 32, 90.0), ("0 steps", 0, 32, 60.0)]]
+    assert batch_sweep.choose_table(rows, [1, 8, 16, 32], min_gain=0.03) == {"1": 1, "8": 0, "16": 0, "32": 1}
+    assert batch_sweep.choose_table(rows, [1, 8, 16, 32]) == {"1": 1, "8": 1, "16": 0, "32": 1}
 
 
 def test_plain_engine_shares_the_weights_but_not_the_kv_cache():

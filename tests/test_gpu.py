@@ -123,3 +123,24 @@ def test_deferred_drafter_on_graphs_equals_eager(compile):
     for a, b in zip(fast["state"], eager["state"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert fast["accepted"] == eager["accepted"] and fast["outs"] == eager["outs"]
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_warm_up_captures_every_shape_served(steps):
+    """After warm_up, decoding (1 and 3 rows, context crossing span 256 -> 512) captures no graph:
+    a capture in serving syncs the device and stalls every request in flight."""
+    t, d = build(torch.bfloat16)
+    spec = SpecConfig(steps) if steps else None
+    dec = BatchDecoder(t, d if spec else None, spec, 4, 600)
+    dec.warm_up(4)
+    captured = set(dec.graphs.graphs)
+    prompts = [list(range(1, 240)), [5, 6, 7], list(range(30, 130))]
+    g = lambda n: BatchSampling.all_greedy_rows(n, "cuda")  # noqa: E731
+    with torch.inference_mode():
+        dec.prefill(0, prompts[0], g(1))
+        for _ in range(24):
+            dec.step(1, g(1))
+        dec.prefill_batch(1, prompts[1:], g(2))
+        for _ in range(24):
+            dec.step(3, g(3))
+    assert max(dec.lens[:3]) > 256 and set(dec.graphs.graphs) == captured

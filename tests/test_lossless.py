@@ -128,6 +128,16 @@ def test_tree_is_lossless(models, steps, topk, tokens, kind, fast):
         assert out[0] == expected
 
 
+@pytest.mark.parametrize("shape", [(1, 8192), (3, 8, 8192), (2, 4, 32000), (2, 1000)])
+def test_two_stage_vocab_topk_is_torch_topk(shape):
+    """A tree's top k over the draft vocabulary (two stages when it splits into chunks) is
+    exactly torch.topk's: the same values and indices."""
+    from engine.draft_tree import vocab_topk
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    values, indices = vocab_topk(x, 8)
+    assert torch.equal(values, x.topk(8).values) and torch.equal(indices, x.topk(8).indices)
+
+
 @pytest.mark.parametrize("steps,topk,tokens", [(3, 4, 8), (6, 8, 32)])
 def test_device_side_tree_accepts_what_the_general_path_accepts(models, steps, topk, tokens):
     """Rows of different lengths in one batch: the device-side tree step (ancestor-mask

@@ -1,0 +1,53 @@
+"""A tree's drafting takes the top k of each node's draft-vocabulary logits: session 22's profile
+of a compiled 6x8x32 tree cycle (call1/) spent 0.37 of its 1.77 ms in torch.topk's single-block
+kernels (51 us for [8 x 8192] -> 8). Is a two-stage top-k faster (the top k of each chunk of
+`chunk` values, then the top k of those; exact, as every overall top-k value is among its
+chunk's)? Each variant is captured as a CUDA graph of 100 calls; median of 20 replays.
+
+    python3 benchmarks/results/h200_s22/topk_bench.py > topk_bench.txt
+"""
+import statistics
+
+import torch
+
+
+def two_stage(x: torch.Tensor, k: int, chunk: int):
+    *lead, v = x.shape
+    vals, idx = x.view(*lead, v // chunk, chunk).topk(k, dim=-1)             # [..., C, k]
+    offs = torch.arange(0, v, chunk, device=x.device).view(-1, 1)
+    top, at = vals.flatten(-2).topk(k, dim=-1)
+    return top, (idx + offs).flatten(-2).gather(-1, at)
+
+
+def graph_us(fn, reps: int = 100) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(times)
+
+
+torch.manual_seed(0)
+print(torch.cuda.get_device_name(), torch.__version__)
+for shape in ([1, 8192], [1, 8, 8192], [4, 8, 8192], [1, 32000], [1, 8, 32000]):
+    x = torch.randn(shape, device="cuda")
+    ref_v, ref_i = x.topk(8, dim=-1)
+    row = [f"{str(shape):>14} k=8  torch.topk {graph_us(lambda: x.topk(8, dim=-1)):7.1f} us"]
+    for chunk in (128, 256, 512, 1024):
+        if shape[-1] % chunk:
+            continue
+        v, i = two_stage(x, 8, chunk)
+        assert torch.equal(v, ref_v) and torch.equal(x.gather(-1, i), ref_v)
+        row.append(f"two-stage/{chunk} {graph_us(lambda: two_stage(x, 8, chunk)):6.1f}")
+    print("  ".join(row), flush=True)
