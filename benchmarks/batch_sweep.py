@@ -113,7 +113,8 @@ def measure(engine, prompts, concurrency, args, label, steps, progress: Progress
                   **r.record(), "requests": len(batch), "mismatches": mismatches})
     print(f"{label:>10} c={concurrency:<3} {r.throughput:9.1f} tok/s  per request {r.request_tok_s:8.1f}  "
           f"accept {r.accept_length:.2f}  ttft {r.ttft_s * 1000:.1f} ms  wait {r.wait_ms_per_step:.3f} ms/step  "
-          f"max gap {r.max_gap_s * 1000:.0f} ms  mismatches {mismatches}", flush=True)
+          f"max gap {r.max_gap_s * 1000:.0f} ms  mismatches {mismatches}\n{'':>16}host ms/step: "
+          + "  ".join(f"{k} {v:.3f}" for k, v in r.host_ms_per_step.items()), flush=True)
 
 
 def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0.0) -> dict[str, int]:

@@ -36,6 +36,7 @@ class LoadResult:
     max_gap_s: float                # longest wait between two deltas of one request
     ttft_s: float                   # median time from a request's start (its turn under the gate) to its first token
     wait_ms_per_step: float         # the host's wait for each device-side step: ~0 when the GPU waits on the host
+    host_ms_per_step: dict[str, float]  # the engine thread's other time by phase (NativeEngine.host_s)
     replies: list[GenerationOutput]  # per prompt, in prompt order, its deltas joined
 
     @property
@@ -73,7 +74,7 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
                 rates.append((len(replies[i].token_ids) - at_first) / (last - first))
 
     dec = engine.decoder
-    collected, waited = dec.collected, dec.collect_wait_s
+    collected, waited, host = dec.collected, dec.collect_wait_s, engine.host_s.copy()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
@@ -81,12 +82,15 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     decoded = [len(r.token_ids) - 1 for r in replies]
     # Without speculation every token after the first is one step.
     steps = sum(r.spec.verify_steps for r in replies) if dec.spec else sum(decoded)
+    per_step = 1e3 / max(dec.collected - collected, 1)
+    wait = (dec.collect_wait_s - waited) * per_step
+    phases = {k: (engine.host_s[k] - host[k]) * per_step for k in ("admit", "step", "apply", "flush")}
+    phases["step"] -= wait  # launches and the collect's host work; the wait is reported apart
     # The engine's convention (SpecStats.accept_length): completion tokens / verify steps.
     return LoadResult(concurrency, wall, total, total / wall, statistics.median(rates) if rates else 0.0,
                       total / steps if dec.spec and steps else 1.0,
                       sum(decoded) / steps if steps else 0.0, statistics.mean(decoded), max(gaps),
-                      statistics.median(ttfts) if ttfts else 0.0,
-                      (dec.collect_wait_s - waited) * 1e3 / max(dec.collected - collected, 1), replies)
+                      statistics.median(ttfts) if ttfts else 0.0, wait, phases, replies)
 
 
 def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, max_tokens: int,

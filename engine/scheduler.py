@@ -97,6 +97,11 @@ class NativeEngine:
         self._active: list[_Request] = []
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
+        # The engine thread's seconds by phase (admit: everything before a step, prefills included;
+        # step: launching device-side steps and collecting one, the decoder's collect_wait_s
+        # included; apply: its tokens into the requests; flush): where a host-bound loop goes
+        # (benchmarks/engine_load.py reports them per step).
+        self.host_s: collections.Counter[str] = collections.Counter()
         self._aborted: set[str] = set()
         self._n_waiting = 0
         self._lock = threading.Lock()
@@ -260,15 +265,19 @@ class NativeEngine:
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self._active and not self._waiting)
+                t0 = time.perf_counter()
                 if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
                 self._check_grammars()
                 self._admit()
                 self.flush()  # first tokens go out now, not after the step below
+                self.host_s["admit"] += time.perf_counter() - t0
                 if self._active:
                     self._step()
+                t0 = time.perf_counter()
                 self.flush()
+                self.host_s["flush"] += time.perf_counter() - t0
         except Exception as e:  # the engine is dead: fail everything fast, never hang
             log.exception("engine thread died")
             self.dead = f"engine failed: {type(e).__name__}: {e}"
@@ -401,13 +410,18 @@ class NativeEngine:
         if not dec.device_side(self._batch_sampling):
             self._apply(dec.step(rows, self._batch_sampling))
             return
+        t0 = time.perf_counter()
         current, self._next = self._next or dec.launch(rows), None
         # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
         # streams the current one. Only when nothing will change the batch meanwhile.
         if (dec.overlap and self._inbox.empty() and not self._will_admit() and not self._aborted
                 and dec.room_to_launch(rows)):
             self._next = dec.launch(rows)
-        self._apply(dec.collect(current))
+        results = dec.collect(current)
+        t1 = time.perf_counter()
+        self._apply(results)
+        self.host_s["step"] += t1 - t0
+        self.host_s["apply"] += time.perf_counter() - t1
 
     def _finish_next(self) -> None:
         step, self._next = self._next, None

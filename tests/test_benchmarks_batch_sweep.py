@@ -60,6 +60,8 @@ def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):
     plain, chain, off = result["rows"]
     assert plain["tokens_per_step"] == off["tokens_per_step"] == 1.0 and plain["x_plain_throughput"] == 1.0
     assert chain["tokens_per_step"] == 3.0 and chain["decode_tokens_per_reply"] == 15  # 5 steps of 3
+    assert all(set(r["host_ms_per_step"]) == {"admit", "step", "apply", "flush"} for r in result["rows"])
+    assert all(r["host_ms_per_step"]["step"] > 0 for r in result["rows"])
     assert json.loads(out.read_text())["synthetic_acceptance"] == [1.0, 1.0]
     assert "SYNTHETIC" in out.with_suffix(".md").read_text()
 
