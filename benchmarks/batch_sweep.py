@@ -9,8 +9,9 @@ choose what the engine it serves can run, and on the H200 its 0 steps measured 0
 decoding at 16-32 rows, benchmarks/results/h200_s22/) and serves the prompts again with that
 table in force, next to plain decoding again. --trees adds SGLang-style trees (steps x topk x
 draft tokens), each in its own engine at every concurrency; they compete for "best" but not for
-the table (a steps table is for chains). Every output is compared with plain decoding's (greedy: nothing may change; in
-bf16 verify products round differently, so a mismatch count is reported, not assumed 0).
+the table (a steps table is for chains). Every output is compared with plain decoding's
+(greedy: nothing may change; in bf16 verify products round differently, so a mismatch count is
+reported, not assumed 0). Each row also has the engine thread's time per step by phase.
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
 beside it; <out>.partial.json holds the rows while it runs (--resume continues a cut run).
@@ -131,10 +132,10 @@ def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0
 
 
 def run(args) -> dict:
-    """Settings interleave at each concurrency (plain, every tree, every chain, 0 steps; later plain again beside
-    the chosen table), so a machine whose speed drifts during the sweep (this project's shared
-    CPU slowed by a third within half an hour) biases no ratio: each is against the plain run
-    next to it."""
+    """Settings interleave at each concurrency (plain, every tree, every chain, 0 steps; later
+    plain again beside the chosen table), so a machine whose speed drifts during the sweep (this
+    project's shared CPU slowed by a third within half an hour) biases no ratio: each is against
+    the plain run next to it."""
     steps = sorted(set(args.steps))
     loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)

@@ -99,8 +99,8 @@ class NativeEngine:
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
         # The engine thread's seconds by phase (admit: everything before a step, prefills included;
         # step: launching device-side steps and collecting one, the decoder's collect_wait_s
-        # included; apply: its tokens into the requests; flush): where a host-bound loop goes
-        # (benchmarks/engine_load.py reports them per step).
+        # included; apply: its tokens into the requests; flush; host-side steps count only in
+        # admit and flush): where a host-bound loop goes (benchmarks/engine_load.py, per step).
         self.host_s: collections.Counter[str] = collections.Counter()
         self._aborted: set[str] = set()
         self._n_waiting = 0
