@@ -282,3 +282,25 @@ def test_shutdown_without_an_executor_answers_what_is_left():
         assert rest[-1].finish_reason == "abort" and "shut down" in rest[-1].error
         assert not engine._thread.is_alive() and not engine.ready
     asyncio.run(main())
+
+
+def test_a_closed_client_loop_does_not_kill_the_engine():
+    """A caller of NativeEngine.generate whose event loop closed without finishing the stream
+    (no abort reached the engine): its deltas have nowhere to go and are dropped; the engine
+    finishes that request and serves the next caller."""
+    engine = h.native_engine(h.models(), speculative=True, max_batch=2)
+    engine.start_blocking()
+    try:
+        params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, detokenize=False)
+        loop = asyncio.new_event_loop()
+        gen = engine.generate("orphan", [5, 6, 7], params)
+        assert not loop.run_until_complete(gen.__anext__()).finished
+        loop.close()  # the generator is never closed: the engine keeps emitting into a closed loop
+
+        async def alone():
+            return [t async for o in engine.generate("next", [5, 6, 7], params) for t in o.token_ids]
+        assert len(asyncio.run(asyncio.wait_for(alone(), 30))) == 30  # it hung when the engine thread died
+        engine.wait_idle()
+        assert engine.dead is None and engine.ready
+    finally:
+        engine.stop_blocking()
