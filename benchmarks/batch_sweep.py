@@ -5,7 +5,7 @@ one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, 
 EOS), this measures plain decoding, chains of each --steps and the speculative engine at 0
 steps ("0 steps": the target alone, the drafter's input kept) at each --concurrency, then picks
 per concurrency the fastest of the speculative engine's settings (0 included: a table can only
-choose what the engine it serves can run, and on the H200 its 0 steps measured 0.5-0.7x plain
+choose what the engine it serves can run, and on the H200 its 0 steps ran well below plain
 decoding at 16-32 rows, benchmarks/results/h200_s22/) and serves the prompts again with that
 table in force, next to plain decoding again. --trees adds SGLang-style trees (steps x topk x
 draft tokens), each in its own engine at every concurrency; they compete for "best" but not for

@@ -36,7 +36,7 @@ class LoadResult:
     max_gap_s: float                # longest wait between two deltas of one request
     ttft_s: float                   # median time from a request's start (its turn under the gate) to its first token
     wait_ms_per_step: float         # the host's wait for each device-side step: ~0 when the GPU waits on the host
-    host_ms_per_step: dict[str, float]  # the engine thread's other time by phase (NativeEngine.host_s)
+    host_ms_per_step: dict[str, float]  # the engine thread's time by phase, the wait apart (NativeEngine.host_s)
     replies: list[GenerationOutput]  # per prompt, in prompt order, its deltas joined
 
     @property
@@ -85,7 +85,6 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     per_step = 1e3 / max(dec.collected - collected, 1)
     wait = (dec.collect_wait_s - waited) * per_step
     phases = {k: (engine.host_s[k] - host[k]) * per_step for k in ("admit", "step", "apply", "flush")}
-    phases["step"] -= wait  # launches and the collect's host work; the wait is reported apart
     # The engine's convention (SpecStats.accept_length): completion tokens / verify steps.
     return LoadResult(concurrency, wall, total, total / wall, statistics.median(rates) if rates else 0.0,
                       total / steps if dec.spec and steps else 1.0,

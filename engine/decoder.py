@@ -51,15 +51,15 @@ class InFlight:
 # GEMV into it when that is slower (it can be). Measured in benchmarks/results/h200_decode/.
 COMPILE_OPTIONS = {"coordinate_descent_tuning": True, "benchmark_fusion": True}
 # Except for trees: their products all have several rows (cuBLAS GEMMs, nothing to tune), and
-# with the options above a SmolLM2-shaped tree step did not finish compiling in 480 s on an H200
-# (benchmarks/results/h200_s21/README.md).
+# with the options above a SmolLM2-shaped tree step did not finish compiling on an H200 within a
+# device call (benchmarks/results/h200_s21/; untuned it compiles in about a minute, h200_s22/).
 TUNED_KINDS = ("plain", "chain", "deferred")
 
 # Device-side steps at 0 draft steps the drafter may fall behind before it catches up over them
 # in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
-# once a token, leaves a step at 0 drafts about a plain step on CPU (on the H200 at 16-32 rows it
-# measured 1.4-2x one, host-bound, cause not found: benchmarks/results/h200_s22/); the backlog's
-# memory is max_batch * LAG_STEPS * (3 * target hidden) values.
+# once a token, leaves a step at 0 drafts about a plain step on CPU (not on the H200 at 16-32 rows,
+# where the loop is host-bound: benchmarks/results/h200_s22/); the backlog's memory is
+# max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
 
 # With `prefill_graphs`, a lone prompt of at most this many tokens prefills as a CUDA graph, its

@@ -99,8 +99,8 @@ def _pick(q: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
 def vocab_topk(x: torch.Tensor, k: int, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """x.topk(k) over the last dim (the draft vocabulary) in two stages: the top k of each chunk,
     then the top k of those; exact, as each of the overall top k is among its chunk's. On GPU
-    torch.topk over a few long rows runs one block per row: 51 us for [8, 8192] -> 8 on an H200,
-    a fifth of a compiled 6x8x32 tree cycle (benchmarks/results/h200_s22/)."""
+    torch.topk over a few long rows runs one block per row, a fifth of a compiled tree cycle;
+    two stages spread it over many blocks (benchmarks/results/h200_s22/)."""
     v = x.shape[-1]
     if v % chunk or v < 4 * chunk:
         return x.topk(k, dim=-1)

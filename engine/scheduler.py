@@ -98,9 +98,10 @@ class NativeEngine:
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
         # The engine thread's seconds by phase (admit: everything before a step, prefills included;
-        # step: launching device-side steps and collecting one, the decoder's collect_wait_s
-        # included; apply: its tokens into the requests; flush; host-side steps count only in
-        # admit and flush): where a host-bound loop goes (benchmarks/engine_load.py, per step).
+        # step: launching device-side steps and collecting one, less the wait for the device that
+        # the decoder counts in collect_wait_s; apply: its tokens into the requests; flush;
+        # host-side steps count only in admit and flush): where a host-bound loop goes
+        # (benchmarks/engine_load.py, per step).
         self.host_s: collections.Counter[str] = collections.Counter()
         self._aborted: set[str] = set()
         self._n_waiting = 0
@@ -297,9 +298,9 @@ class NativeEngine:
 
     def _flush(self) -> None:
         """Deliver the deltas emitted since the last call: generate()'s with one wake-up per event
-        loop (one per request and step was a write to the loop's self-pipe each, and with 32
-        requests 92% of the engine thread's time reading a step's tokens, on CPU), then the
-        `flush` hook's (engine/process.py: one message to the server)."""
+        loop, not one per request and step (each a write to the loop's self-pipe and a GIL
+        hand-over: benchmarks/results/h200_s22/), then the `flush` hook's (engine/process.py: one
+        message to the server)."""
         if self._local:
             batch, self._local = self._local, []
             by_loop: dict[asyncio.AbstractEventLoop, list] = {}
@@ -429,7 +430,7 @@ class NativeEngine:
         if not dec.device_side(self._batch_sampling):
             self._apply(dec.step(rows, self._batch_sampling))
             return
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), dec.collect_wait_s
         current, self._next = self._next or dec.launch(rows), None
         # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
         # streams the current one. Only when nothing will change the batch meanwhile.
@@ -439,7 +440,7 @@ class NativeEngine:
         results = dec.collect(current)
         t1 = time.perf_counter()
         self._apply(results)
-        self.host_s["step"] += t1 - t0
+        self.host_s["step"] += t1 - t0 - (dec.collect_wait_s - waited)
         self.host_s["apply"] += time.perf_counter() - t1
 
     def _finish_next(self) -> None:

@@ -1,22 +1,17 @@
 """A tree's drafting takes the top k of each node's draft-vocabulary logits: session 22's profile
 of a compiled 6x8x32 tree cycle (call1/) spent 0.37 of its 1.77 ms in torch.topk's single-block
-kernels (51 us for [8 x 8192] -> 8). Is a two-stage top-k faster (the top k of each chunk of
-`chunk` values, then the top k of those; exact, as every overall top-k value is among its
-chunk's)? Each variant is captured as a CUDA graph of 100 calls; median of 20 replays.
+kernels (51 us for [8 x 8192] -> 8). Is a two-stage top-k faster (engine/draft_tree.py
+vocab_topk: the top k of each chunk of `chunk` values, then the top k of those; exact)? Call 6
+ran it with the same two stages written out here, before they became vocab_topk. Each variant is
+captured as a CUDA graph of 100 calls; median of 20 replays.
 
-    python3 benchmarks/results/h200_s22/topk_bench.py > topk_bench.txt
+    PYTHONPATH=. python3 benchmarks/results/h200_s22/topk_bench.py > topk_bench.txt
 """
 import statistics
 
 import torch
 
-
-def two_stage(x: torch.Tensor, k: int, chunk: int):
-    *lead, v = x.shape
-    vals, idx = x.view(*lead, v // chunk, chunk).topk(k, dim=-1)             # [..., C, k]
-    offs = torch.arange(0, v, chunk, device=x.device).view(-1, 1)
-    top, at = vals.flatten(-2).topk(k, dim=-1)
-    return top, (idx + offs).flatten(-2).gather(-1, at)
+from engine.draft_tree import vocab_topk
 
 
 def graph_us(fn, reps: int = 100) -> float:
@@ -47,7 +42,7 @@ for shape in ([1, 8192], [1, 8, 8192], [4, 8, 8192], [1, 32000], [1, 8, 32000]):
     for chunk in (128, 256, 512, 1024):
         if shape[-1] % chunk:
             continue
-        v, i = two_stage(x, 8, chunk)
+        v, i = vocab_topk(x, 8, chunk)
         assert torch.equal(v, ref_v) and torch.equal(x.gather(-1, i), ref_v)
-        row.append(f"two-stage/{chunk} {graph_us(lambda: two_stage(x, 8, chunk)):6.1f}")
+        row.append(f"two-stage/{chunk} {graph_us(lambda: vocab_topk(x, 8, chunk)):6.1f}")
     print("  ".join(row), flush=True)
