@@ -104,6 +104,12 @@ class BatchDecoder:
         self.span_multiple = span_multiple
         self.fast_greedy = fast_greedy
         self.device = target.embed_tokens.weight.device
+        if self.device.type == "cuda":
+            # torch sends masked attention to cuDNN first on Hopper, and cuDNN builds an execution
+            # plan for every shape it has not seen: an eager prefill of several prompts or a drafter
+            # catch-up (a new batch or width each time) spent milliseconds a layer planning on the
+            # H200 (benchmarks/results/h200_s23/). Flash and memory-efficient attention plan nothing.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         # Compiled steps take a symbolic span (_span_from_ref); a span equal to the cache's length
         # would be specialized (the cache slice is then the whole cache): one spare position.
         alloc = self.cache_len + (1 if compile else 0)
@@ -317,12 +323,10 @@ class BatchDecoder:
         of each prompt's last token (its KV rewritten with the same values) gives the first token,
         one drafter step the draft state. Costs a copied row and a one-token step, not a prefill."""
         n, dev = len(sources), self.device
-        caches = [layer.self_attn.kv_cache for layer in self.target.layers]
-        if self.spec:
-            caches.append(self.drafter.midlayer.self_attn.kv_cache)
+        kv = self._kv()
         for i, (src, prompt) in enumerate(zip(sources, prompts)):
-            for cache in caches:
-                cache.copy_row(src, row + i, len(prompt))
+            held = len(prompt)
+            torch._foreach_copy_([t[row + i, :, :held] for t in kv], [t[src, :, :held] for t in kv])
         lens = [len(p) for p in prompts]
         span = min(self.cache_len, -(-max(lens) // self.span_multiple) * self.span_multiple)
         inputs = one_token_inputs(torch.tensor(lens, device=dev) - 1, span, row_offset=row)
@@ -557,19 +561,24 @@ class BatchDecoder:
 
     # -- row management ----------------------------------------------------------------------
     def move_row(self, src: int, dst: int) -> None:
-        """Move request state from row src to row dst (keeps active rows contiguous)."""
-        for layer in self.target.layers:
-            layer.self_attn.kv_cache.copy_row(src, dst)
+        """Move request state from row src to row dst (keeps active rows contiguous). The caches
+        move in one foreach copy: two copies a layer took 1.5 ms of launches a move on the H200
+        (benchmarks/results/h200_s23/)."""
+        kv = self._kv()
+        torch._foreach_copy_([t[dst] for t in kv], [t[src] for t in kv])
         self.lens[dst] = self.lens[src]
         self.pending[dst] = self.pending[src]
         if self.spec:
-            self.drafter.midlayer.self_attn.kv_cache.copy_row(src, dst)
-            self.draft_logits[dst] = self.draft_logits[src]
-            self.draft_hidden[dst] = self.draft_hidden[src]
             self.lag[dst] = self.lag[src]
-            for t in (self.lag_dev, self.lag_tokens, self.lag_aux):
+            for t in (self.draft_logits, self.draft_hidden, self.lag_dev, self.lag_tokens, self.lag_aux):
                 t[dst] = t[src]
 
+    def _kv(self) -> list[torch.Tensor]:
+        """Every K and V cache tensor [rows, heads, positions, dim]: the target's layers, then the drafter's."""
+        caches = [layer.self_attn.kv_cache for layer in self.target.layers]
+        if self.spec:
+            caches.append(self.drafter.midlayer.self_attn.kv_cache)
+        return [t for c in caches for t in (c.k, c.v)]
 
 
 def _span_from_ref(step):

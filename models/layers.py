@@ -108,11 +108,6 @@ class KVCache(nn.Module):
         self.k[r, :, dst] = self.k[r, :, src]
         self.v[r, :, dst] = self.v[r, :, src]
 
-    def copy_row(self, src: int, dst: int, upto: int | None = None):
-        """Row src's cache into row dst: all of it, or its first `upto` positions (a shared prompt)."""
-        self.k[dst, :, :upto].copy_(self.k[src, :, :upto])
-        self.v[dst, :, :upto].copy_(self.v[src, :, :upto])
-
 
 def own_cache_copy(model: torch.nn.Module) -> torch.nn.Module:
     """The same weights in a second module tree, for a second decoder alive at the same time
