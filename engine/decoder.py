@@ -16,11 +16,13 @@ forward, at the node that chose each emitted token, so they do not depend on spe
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.api import TokenLogprob
 from engine.config import SpecConfig
@@ -104,12 +106,6 @@ class BatchDecoder:
         self.span_multiple = span_multiple
         self.fast_greedy = fast_greedy
         self.device = target.embed_tokens.weight.device
-        if self.device.type == "cuda":
-            # torch sends masked attention to cuDNN first on Hopper, and cuDNN builds an execution
-            # plan for every shape it has not seen: an eager prefill of several prompts or a drafter
-            # catch-up (a new batch or width each time) spent milliseconds a layer planning on the
-            # H200 (benchmarks/results/h200_s23/). Flash and memory-efficient attention plan nothing.
-            torch.backends.cuda.enable_cudnn_sdp(False)
         # Compiled steps take a symbolic span (_span_from_ref); a span equal to the cache's length
         # would be specialized (the cache slice is then the whole cache): one spare position.
         alloc = self.cache_len + (1 if compile else 0)
@@ -267,7 +263,7 @@ class BatchDecoder:
             tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
             last = torch.tensor(lens, device=dev) - 1
         inputs = None if graphed else self._prefill_inputs(row, n, width)  # a graph builds its own
-        logits, aux = self._prefill_run(graphed, ("prefill", width),
+        logits, aux = self._prefill_run(graphed, "prefill", width,
                                         lambda: self._prefill_target(at, tokens, last, inputs))
         probs = probs_from_logits(self._process(logits, sampling, [[[]]] * n), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
@@ -277,16 +273,33 @@ class BatchDecoder:
             if graphed:
                 self.graph_first.copy_(first)
                 first = self.graph_first
-            d = self._prefill_run(graphed, ("prefill draft", width),
+            d = self._prefill_run(graphed, "prefill draft", width,
                                   lambda: self._prefill_drafter(at, tokens, last, first, aux, inputs))
             self._set_draft_state(row, n, d)
         firsts = first.tolist()
         logprobs = self._logprobs(logits, sampling, [[(0, t)] for t in firsts])
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
 
-    def _prefill_run(self, graphed: bool, key: tuple, fn):
-        """fn replayed as its captured graph (captured on first use) when graphed, else eagerly."""
-        return self.graphs.run(key, fn) if graphed else fn()
+    def _prefill_run(self, graphed: bool, name: str, width: int, fn):
+        """fn replayed as its captured graph (captured on first use) when graphed, else eagerly
+        (a group of prompts no longer than a graph's takes attention that plans nothing)."""
+        if graphed:
+            return self.graphs.run((name, width), fn)
+        with self._unplanned_attention() if width <= PREFILL_GRAPH_TOKENS else contextlib.nullcontext():
+            return fn()
+
+    def _unplanned_attention(self):
+        """For a short eager forward on GPU (a group of short prompts, a shared prompt's token, a
+        drafter catch-up), attention without cuDNN: torch sends masked attention to cuDNN first
+        on Hopper, and cuDNN plans every shape it has not seen, 36 ms a call on the H200 against
+        0.24 ms without (benchmarks/results/h200_s23/). Captured and compiled steps keep cuDNN:
+        their shapes are fixed and planned once, at capture. So do a long prompt (there the
+        products, not the plan, take the time) and the host-side steps (their shapes repeat):
+        the one other kernel that takes a mask with fewer KV heads than query heads (math)
+        expands K and V to every query head and holds every score."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _prefill_inputs(self, row: int | torch.Tensor, n: int, width: int) -> AttnInputs:
         dev = self.device
@@ -331,13 +344,15 @@ class BatchDecoder:
         span = min(self.cache_len, -(-max(lens) // self.span_multiple) * self.span_multiple)
         inputs = one_token_inputs(torch.tensor(lens, device=dev) - 1, span, row_offset=row)
         last = torch.tensor([[p[-1]] for p in prompts], device=dev)
-        out = self.target(last, inputs, capture_aux=self.spec is not None)
+        with self._unplanned_attention():
+            out = self.target(last, inputs, capture_aux=self.spec is not None)
         probs = probs_from_logits(self._process(out.logits, sampling, [[[]]] * n), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + n] = lens
         self.pending[row:row + n] = first
         if self.spec:
-            self._set_draft_state(row, n, self.drafter(first.unsqueeze(1), out.aux_hidden, inputs))
+            with self._unplanned_attention():
+                self._set_draft_state(row, n, self.drafter(first.unsqueeze(1), out.aux_hidden, inputs))
         firsts = first.tolist()
         logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
@@ -501,7 +516,8 @@ class BatchDecoder:
 
     def _catch_up(self, rows: int, lens: torch.Tensor, span: int) -> None:
         """The drafter over its backlog (eager: once per LAG_STEPS steps, or when drafting resumes)."""
-        drafter_catch_up(self, rows, lens, span, max(self.lag[:rows]))
+        with self._unplanned_attention():
+            drafter_catch_up(self, rows, lens, span, max(self.lag[:rows]))
         self.lag[:rows] = [0] * rows
 
     # -- logits processing and logprobs (host-side rows) -------------------------------------

@@ -4,7 +4,8 @@
 # `assemble`, then `LIMIT_S=590 bash benchmarks/results/h200_s22/run.sh conc` (call3/, cut at 0 steps c=16).
 #   bash benchmarks/results/h200_s23/run.sh profile   # carries shipped/smollm2/drafter/model.safetensors:
 #       host_profile.py at concurrency 16 and 32 (CUDA graphs, captured prefills, not compiled); SDPA=1
-#       first times one eager attention call per SDPA backend (sdpa_host.py)
+#       first times one eager attention call per SDPA backend (sdpa_host.py); TESTS=1 first runs the GPU tests
+#       that need no compile
 #   bash benchmarks/results/h200_s23/run.sh conc      # carries the drafter: batch_sweep compiled at 16 and 32
 #       requests (plain, chain 4, 0 steps, then the table it picks), as h200_s22's conc; resumable
 set -uo pipefail
@@ -13,6 +14,8 @@ device_call "${LIMIT_S:-585}"
 work_dir h200_s23
 case "$1" in
 profile)
+    [ -n "${TESTS:-}" ] && run 150 python3 -m pytest -m gpu tests/test_gpu.py -k "not compiled" -p no:cacheprovider \
+        2>&1 | tee "$OUT/gpu_tests.txt" | tail -3
     [ -n "${SDPA:-}" ] && run 60 python3 benchmarks/results/h200_s23/sdpa_host.py 2>&1 | tee "$OUT/sdpa_host.txt"
     for c in ${CONC:-16 32}; do
         run 280 python3 benchmarks/results/h200_s23/host_profile.py --model runs/smollm2/target \
