@@ -69,7 +69,9 @@ LAG_STEPS = 16
 # device buffer (models.layers.AttnInputs.row_offset), so every row shares it. Eager, a prefill
 # is about a thousand small kernel launches (SmolLM2: 1,064), tens of milliseconds of host time
 # on an H200 before the first token; captured, a few (benchmarks/results/h200_s19/). Longer
-# prompts and groups stay eager: there the products, not the launches, take the time.
+# prompts stay eager: there the products, not the launches, take the time. A group of short prompts
+# replays the graphs one prompt at a time (an eager group was tens of milliseconds of launches too,
+# benchmarks/results/h200_s23/), and so does a prompt another row holds (prefill_shared).
 PREFILL_GRAPH_TOKENS = 256
 
 
@@ -242,51 +244,68 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def prefill_rows(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[StepResult]:
-        """Fill rows row .. row + len(prompts) - 1 with `prompts` in one target forward (and one
-        drafter forward); return each row's first generated token. Prompts are right-padded to
-        the longest: pad positions land past each row's committed length, where every later
-        step masks them out and overwrites them, so the batch changes no row's result."""
-        n = len(prompts)
-        lens = [len(p) for p in prompts]
+        """Fill rows row .. row + len(prompts) - 1 with `prompts`; return each row's first
+        generated token. With `prefill_graphs` and prompts no longer than a graph's, each prompt
+        replays its width's captured graph, queued one after another and read once at the end: a
+        group's eager forward took ~40 ms of launches on the H200, a replay ~3 ms of GPU time
+        (benchmarks/results/h200_s23/). Otherwise one eager forward fills the group."""
+        n, lens = len(prompts), [len(p) for p in prompts]
         width = max(lens)
-        dev = self.device
-        graphed = self.prefill_graphs and n == 1 and width <= min(PREFILL_GRAPH_TOKENS, self.cache_len)
-        at = row   # the cache row, or for a graph the buffer it reads the row from
-        if graphed:  # one graph per width bucket: prompt and row go into the graph's input buffers
-            width = pow2_bucket(width, 16, self.cache_len)
-            self.graph_prompt.zero_()
-            self.graph_prompt[0, :lens[0]] = torch.tensor(prompts[0], device=dev)
-            self.graph_last.fill_(lens[0] - 1)
-            self.graph_row.fill_(row)
-            tokens, last, at = self.graph_prompt[:, :width], self.graph_last, self.graph_row
+        tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
+        if self.prefill_graphs and width <= min(PREFILL_GRAPH_TOKENS, self.cache_len):
+            samplings = [sampling.rows(i, i + 1) for i in range(n)]
+            parts = [self._prefill_graphed(row + i, tokens[i, :lens[i]], s) for i, s in enumerate(samplings)]
         else:
-            tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=dev)
-            last = torch.tensor(lens, device=dev) - 1
-        inputs = None if graphed else self._prefill_inputs(row, n, width)  # a graph builds its own
-        logits, aux = self._prefill_run(graphed, "prefill", width,
-                                        lambda: self._prefill_target(at, tokens, last, inputs))
-        probs = probs_from_logits(self._process(logits, sampling, [[[]]] * n), sampling)[:, 0]
-        first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
-        self.lens[row:row + n] = lens
-        self.pending[row:row + n] = first
-        if self.spec:
-            if graphed:
-                self.graph_first.copy_(first)
-                first = self.graph_first
-            d = self._prefill_run(graphed, "prefill draft", width,
-                                  lambda: self._prefill_drafter(at, tokens, last, first, aux, inputs))
-            self._set_draft_state(row, n, d)
-        firsts = first.tolist()
-        logprobs = self._logprobs(logits, sampling, [[(0, t)] for t in firsts])
+            samplings = [sampling]
+            parts = [self._prefill_eager(row, tokens, lens, sampling)]
+        firsts = torch.cat([first for first, _ in parts]).tolist()
+        logprobs, done = [], 0
+        for (first, logits), s in zip(parts, samplings):
+            logprobs += self._logprobs(logits, s, [[(0, t)] for t in firsts[done:done + len(first)]])
+            done += len(first)
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
 
-    def _prefill_run(self, graphed: bool, name: str, width: int, fn):
-        """fn replayed as its captured graph (captured on first use) when graphed, else eagerly
-        (a group of prompts no longer than a graph's takes attention that plans nothing)."""
-        if graphed:
-            return self.graphs.run((name, width), fn)
+    def _prefill_graphed(self, row: int, prompt: torch.Tensor, sampling: BatchSampling):
+        """One prompt through the captured graphs of its width (padded to a power of two, 16 on),
+        which read prompt, row and last position from their input buffers: every row shares
+        them. Returns (first token [1], logits [1, 1, V]), copied out of the graph's outputs."""
+        length = prompt.shape[0]
+        width = pow2_bucket(length, 16, self.cache_len)
+        self.graph_prompt.zero_()
+        self.graph_prompt[0, :length] = prompt
+        self.graph_last.fill_(length - 1)
+        self.graph_row.fill_(row)
+        tokens, last, at = self.graph_prompt[:, :width], self.graph_last, self.graph_row
+        logits, aux = self.graphs.run(("prefill", width), lambda: self._prefill_target(at, tokens, last, None))
+        first = self._first_tokens(row, [length], logits, sampling)
+        if self.spec:
+            self.graph_first.copy_(first)
+            d = self.graphs.run(("prefill draft", width),
+                                lambda: self._prefill_drafter(at, tokens, last, self.graph_first, aux, None))
+            self._set_draft_state(row, 1, d)
+        return first, logits.clone()
+
+    def _prefill_eager(self, row: int, tokens: torch.Tensor, lens: list[int], sampling: BatchSampling):
+        """Prompts right-padded to the longest [n, width] in one forward: pad positions land past
+        each row's committed length, where every later step masks them out and overwrites them,
+        so the batch changes no row's result. Returns (first tokens [n], logits [n, 1, V])."""
+        n, width = tokens.shape
+        last = torch.tensor(lens, device=self.device) - 1
+        inputs = self._prefill_inputs(row, n, width)
         with self._unplanned_attention() if width <= PREFILL_GRAPH_TOKENS else contextlib.nullcontext():
-            return fn()
+            logits, aux = self._prefill_target(row, tokens, last, inputs)
+            first = self._first_tokens(row, lens, logits, sampling)
+            if self.spec:
+                self._set_draft_state(row, n, self._prefill_drafter(row, tokens, last, first, aux, inputs))
+        return first, logits
+
+    def _first_tokens(self, row: int, lens: list[int], logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
+        """Each prefilled row's first generated token (on the device), recorded as its pending token."""
+        probs = probs_from_logits(self._process(logits, sampling, [[[]]] * len(lens)), sampling)[:, 0]
+        first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
+        self.lens[row:row + len(lens)] = lens
+        self.pending[row:row + len(lens)] = first
+        return first
 
     def _unplanned_attention(self):
         """For a short eager forward on GPU (a group of short prompts, a shared prompt's token, a
@@ -334,7 +353,11 @@ class BatchDecoder:
         choices, or clients sending one prompt): a source row's cache below its prompt length is
         still that prompt's, as its prefill wrote it, so those positions are copied, and one target forward
         of each prompt's last token (its KV rewritten with the same values) gives the first token,
-        one drafter step the draft state. Costs a copied row and a one-token step, not a prefill."""
+        one drafter step the draft state. Costs a copied row and a one-token step, not a prefill.
+        With `prefill_graphs`, prompts short enough for a graph replay it instead: the eager
+        one-token step is a thousand launches, the replay one."""
+        if self.prefill_graphs and max(map(len, prompts)) <= min(PREFILL_GRAPH_TOKENS, self.cache_len):
+            return self.prefill_rows(row, prompts, sampling)
         n, dev = len(sources), self.device
         kv = self._kv()
         for i, (src, prompt) in enumerate(zip(sources, prompts)):

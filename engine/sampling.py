@@ -29,6 +29,14 @@ class BatchSampling:
         return cls(torch.zeros(rows, device=device), torch.ones(rows, device=device),
                    torch.zeros(rows, dtype=torch.long, device=device), [None] * rows, greedy=True)
 
+    def rows(self, start: int, stop: int) -> "BatchSampling":
+        """Rows start .. stop - 1 as a batch of their own."""
+        def part(per_row: list | None) -> list | None:  # None where no row of the part has one
+            return None if per_row is None or all(v is None for v in per_row[start:stop]) else per_row[start:stop]
+        return BatchSampling(self.temperature[start:stop], self.top_p[start:stop], self.top_k[start:stop],
+                             self.generators[start:stop], True if self.greedy else None,
+                             part(self.processors), part(self.logprobs))
+
     @property
     def host_side(self) -> bool:
         """Whether some row needs the host between logits and tokens (processing, logprobs)."""
@@ -45,7 +53,7 @@ def probs_from_logits(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     """logits [B, T, V] -> probabilities [B, T, V] (float32) after temperature, top-k, top-p."""
     logits = logits.float()
     greedy = (s.temperature <= 0) | (s.top_k == 1)
-    if bool(greedy.all()):
+    if s.greedy or bool(greedy.all()):  # known on the host, no device read
         return _one_hot_argmax(logits)
     # An extreme penalty (repetition_penalty 1e-107) or a small temperature can overflow a logit
     # to +inf, and softmax over +inf is NaN: the largest finite value stands in (overflowed

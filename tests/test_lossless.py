@@ -186,6 +186,39 @@ def test_prefill_padded_for_graphs_matches_prefill_alone(models, kind):
         assert accepted == decode(models["target"], drafter, spec, models["prompts"])[1]
 
 
+@pytest.mark.parametrize("kind", ["none", "fitted"])
+def test_group_prefill_for_graphs_matches_prefill_alone(models, kind):
+    """With `prefill_graphs`, a group of prompts prefills one prompt at a time through its graph's
+    path (its buffers, its padded width), read once at the end: the same tokens, and with a
+    drafter the same acceptance step by step, as each prompt prefilled alone."""
+    drafter = models["drafters"].get(kind)
+    spec = SpecConfig(3) if drafter else None
+    out, accepted = decode(models["target"], drafter, spec, models["prompts"], batched_prefill=True,
+                           prefill_graphs=True)
+    assert out == models["baseline"]
+    if drafter:
+        assert accepted == decode(models["target"], drafter, spec, models["prompts"])[1]
+
+
+def test_group_prefill_for_graphs_keeps_each_rows_sampling(models):
+    """A group prefilled one prompt at a time keeps each row's own sampling: a greedy row with
+    logprobs and a seeded sampled row get what each gets prefilled alone."""
+    prompts = models["prompts"][1:]
+
+    def sampling(rows: list[int]) -> BatchSampling:
+        temperature, top_p, gen, logprobs = [0.0, 0.8], [1.0, 0.9], [None, 3], [2, None]
+        return BatchSampling(torch.tensor([temperature[r] for r in rows]), torch.tensor([top_p[r] for r in rows]),
+                             torch.zeros(len(rows), dtype=torch.long),
+                             [None if gen[r] is None else torch.Generator().manual_seed(gen[r]) for r in rows],
+                             logprobs=[logprobs[r] for r in rows] if any(logprobs[r] for r in rows) else None)
+
+    dec = BatchDecoder(models["target"], None, None, max_batch=2, max_context=512, prefill_graphs=True)
+    together = dec.prefill_rows(0, prompts, sampling([0, 1]))
+    alone = [dec.prefill_rows(r, [prompts[r]], sampling([r]))[0] for r in range(2)]
+    assert together == alone
+    assert together[0].logprobs is not None and together[1].logprobs is None
+
+
 def test_engine_admission_in_groups_matches_baseline(models, fitted_dir):
     """Offline admission (engine prefills up to two requests at a time, only once two rows are
     free, under a small token budget) answers every request as the target alone does,

@@ -23,7 +23,7 @@ profile)
             --out "$OUT/profile_c$c" 2>&1 | grep -v Warning | tee "$OUT/profile_c$c.log"
     done ;;
 conc)
-    run 585 python3 -m benchmarks.batch_sweep --model runs/smollm2/target --draft shipped/smollm2/drafter --compile \
+    run 585 python3 -m benchmarks.batch_sweep --model runs/smollm2/target --draft shipped/smollm2/drafter ${COMPILE---compile} \
         --device cuda --dtype bfloat16 --resume --out $W/conc.json --steps 4 --concurrency ${CONC:-16,32} \
         --num-prompts 16 --rounds 3 --max-tokens 256 --prefill-graphs 2>&1 | grep -v Warning | tee -a "$OUT/conc.log"
     cp $W/conc.* "$OUT/" 2>/dev/null ;;
