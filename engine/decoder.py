@@ -59,8 +59,8 @@ TUNED_KINDS = ("plain", "chain", "deferred")
 
 # Device-side steps at 0 draft steps the drafter may fall behind before it catches up over them
 # in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
-# once a token, leaves a step at 0 drafts about a plain step on CPU (not on the H200 at 16-32 rows,
-# where the loop is host-bound: benchmarks/results/h200_s22/); the backlog's memory is
+# once a token, leaves a step at 0 drafts about a plain step (0.94-1.01x on the H200 not compiled,
+# benchmarks/results/h200_s23/; the catch-up itself is eager); the backlog's memory is
 # max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
 
@@ -404,6 +404,8 @@ class BatchDecoder:
         shapes = {}
         for rows in range(1, min(max_rows, self.max_batch) + 1):
             shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)
+        # A table with 0 steps somewhere leaves the drafter behind; it catches up at any batch size.
+        catch_ups = self.spec is not None and any(steps == 0 for _, steps in shapes)
         for rows in shapes.values():
             for row in range(rows):
                 self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
@@ -413,6 +415,8 @@ class BatchDecoder:
             for span in self._span_buckets():
                 self.lens[:rows] = [max(2, span - self._step_reach())] * rows
                 self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
+                if catch_ups:
+                    self._catch_up(rows, self._padded(rows), span)
         self.lens = [0] * self.max_batch
         if self.spec:
             self.lag = [0] * self.max_batch
@@ -459,7 +463,7 @@ class BatchDecoder:
             lens = self.lens[:rows] + [0] * (padded - rows)
             self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
         if self.spec and (behind := max(self.lag[:rows])) and (steps or behind == LAG_STEPS):
-            self._catch_up(rows, self.lens_dev[:rows], span)
+            self._catch_up(rows, padded, span)
         if self.synthetic is not None:
             self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
         span_arg = span
@@ -503,8 +507,10 @@ class BatchDecoder:
         spec, dev = self.spec, self.device
         base = self._lens(rows)
         span = self._span(rows, spec.headroom)
-        if max(self.lag[:rows]):
-            self._catch_up(rows, base, span)
+        if max(self.lag[:rows]):  # eager, as this whole step is: the longest backlog wide
+            with self._unplanned_attention():
+                drafter_catch_up(self, rows, base, span, max(self.lag[:rows]))
+            self.lag[:rows] = [0] * rows
         state = DraftState(self.draft_logits[:rows], self.draft_hidden[:rows])
         root = self.pending[:rows]
         if spec.topk == 1:
@@ -537,10 +543,15 @@ class BatchDecoder:
         return [StepResult(r.tokens, proposed=proposed[b], accepted=len(r.path), logprobs=logprobs[b])
                 for b, r in enumerate(results)]
 
-    def _catch_up(self, rows: int, lens: torch.Tensor, span: int) -> None:
-        """The drafter over its backlog (eager: once per LAG_STEPS steps, or when drafting resumes)."""
-        with self._unplanned_attention():
-            drafter_catch_up(self, rows, lens, span, max(self.lag[:rows]))
+    def _catch_up(self, rows: int, padded: int, span: int) -> None:
+        """The drafter over every row's backlog before a device-side step (once per LAG_STEPS
+        steps at 0 drafts, or when drafting resumes), at one shape: LAG_STEPS entries a row
+        (a shorter backlog repeats its last) over the padded rows, so it replays as a captured
+        graph per (rows, span); eager it cost 15-20 ms on the H200 (benchmarks/results/h200_s23/).
+        Padding rows have no backlog: they write only their own free cache rows."""
+        self.lag_dev[rows:padded].zero_()
+        self.graphs.run(("catch up", padded, span),
+                        lambda: drafter_catch_up(self, padded, self.lens_dev[:padded], span, LAG_STEPS))
         self.lag[:rows] = [0] * rows
 
     # -- logits processing and logprobs (host-side rows) -------------------------------------

@@ -58,7 +58,7 @@ def deferred_greedy(dec, rows: int, span: int, steps: int = 0):
 
 def drafter_catch_up(dec, rows: int, lens: torch.Tensor, span: int, width: int) -> None:
     """The drafter over each row's backlog (lag_dev[b] entries, at positions lens[b] - lag ..
-    lens[b] - 1), `width` = the largest backlog. A shorter backlog repeats its last entry (same
+    lens[b] - 1), `width` at least the largest backlog. A shorter backlog repeats its last entry (same
     token, state and position, so the same key and value rewritten), which makes the last
     column every row's newest position. Rows without a backlog keep their draft state."""
     lag = dec.lag_dev[:rows]

@@ -38,7 +38,7 @@ def run_deferral_schedule(dec: BatchDecoder, prompts: list[list[int]]) -> dict:
     run(2, 2)
     lags.append(dec.lag[:2])
     if dec.fast_greedy:     # what a drafting step does first, for both rows
-        dec._catch_up(2, dec._lens(2), dec._span(2, 0))
+        dec._catch_up(2, dec._padded(2), dec._span(2, 0))
     cache, n = dec.drafter.midlayer.self_attn.kv_cache, min(dec.lens[:2])
     state = [t[:2].clone() for t in (dec.draft_logits, dec.draft_hidden, cache.k[:2, :, :n], cache.v[:2, :, :n])]
     run(1, 3)               # one row at 3 drafts
