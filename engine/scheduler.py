@@ -97,10 +97,10 @@ class NativeEngine:
         self._active: list[_Request] = []
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
-        # The engine thread's seconds by phase (admit: everything before a step, prefills included;
-        # step: launching device-side steps and collecting one, less the wait for the device that
-        # the decoder counts in collect_wait_s; apply: its tokens into the requests; flush;
-        # host-side steps count only in admit and flush): where a host-bound loop goes
+        # The engine thread's seconds by phase, each less the waits for device-side steps that the
+        # decoder counts in collect_wait_s (admit: everything before a step, prefills included;
+        # step: launching device-side steps and collecting one; apply: its tokens into the
+        # requests; flush; host-side steps are not counted): where a host-bound loop goes
         # (benchmarks/engine_load.py, per step).
         self.host_s: collections.Counter[str] = collections.Counter()
         self._aborted: set[str] = set()
@@ -268,14 +268,14 @@ class NativeEngine:
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self._active and not self._waiting)
-                t0 = time.perf_counter()
+                t0, waited = time.perf_counter(), self.decoder.collect_wait_s
                 if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
                 self._check_grammars()
                 self._admit()
                 self._flush()  # first tokens go out now, not after the step below
-                self.host_s["admit"] += time.perf_counter() - t0
+                self.host_s["admit"] += time.perf_counter() - t0 - (self.decoder.collect_wait_s - waited)
                 if self._active:
                     self._step()
                 t0 = time.perf_counter()
@@ -438,10 +438,10 @@ class NativeEngine:
                 and dec.room_to_launch(rows)):
             self._next = dec.launch(rows)
         results = dec.collect(current)
-        t1 = time.perf_counter()
-        self._apply(results)
-        self.host_s["step"] += t1 - t0 - (dec.collect_wait_s - waited)
-        self.host_s["apply"] += time.perf_counter() - t1
+        t1, waited1 = time.perf_counter(), dec.collect_wait_s
+        self._apply(results)  # may collect the step in flight (a request ended)
+        self.host_s["step"] += t1 - t0 - (waited1 - waited)
+        self.host_s["apply"] += time.perf_counter() - t1 - (dec.collect_wait_s - waited1)
 
     def _finish_next(self) -> None:
         step, self._next = self._next, None
