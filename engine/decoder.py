@@ -60,7 +60,8 @@ TUNED_KINDS = ("plain", "chain", "deferred")
 # Device-side steps at 0 draft steps the drafter may fall behind before it catches up over them
 # in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
 # once a token, leaves a step at 0 drafts about a plain step (0.94-1.01x on the H200 not compiled,
-# benchmarks/results/h200_s23/; the catch-up itself is eager); the backlog's memory is
+# benchmarks/results/h200_s23/, with the catch-up eager; it replays a captured graph since); the
+# backlog's memory is
 # max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
 
@@ -300,7 +301,8 @@ class BatchDecoder:
         return first, logits
 
     def _first_tokens(self, row: int, lens: list[int], logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
-        """Each prefilled row's first generated token (on the device), recorded as its pending token."""
+        """Each prefilled row's first generated token (on the device), recorded as its pending token
+        beside its prompt's length."""
         probs = probs_from_logits(self._process(logits, sampling, [[[]]] * len(lens)), sampling)[:, 0]
         first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
         self.lens[row:row + len(lens)] = lens
@@ -308,14 +310,14 @@ class BatchDecoder:
         return first
 
     def _unplanned_attention(self):
-        """For a short eager forward on GPU (a group of short prompts, a shared prompt's token, a
-        drafter catch-up), attention without cuDNN: torch sends masked attention to cuDNN first
-        on Hopper, and cuDNN plans every shape it has not seen, 36 ms a call on the H200 against
-        0.24 ms without (benchmarks/results/h200_s23/). Captured and compiled steps keep cuDNN:
-        their shapes are fixed and planned once, at capture. So do a long prompt (there the
-        products, not the plan, take the time) and the host-side steps (their shapes repeat):
-        the one other kernel that takes a mask with fewer KV heads than query heads (math)
-        expands K and V to every query head and holds every score."""
+        """For a short eager forward on GPU (a group of short prompts, a shared prompt's token, the
+        drafter's catch-up in a host-side step), attention without cuDNN: torch sends masked
+        attention to cuDNN first on Hopper, and cuDNN plans each shape the first time it meets
+        it, 36 ms against 0.24 ms a call without (benchmarks/results/h200_s23/); these shapes are
+        new most times. Captured and compiled steps keep cuDNN (planned once, at capture), and so
+        do a long prompt and the host-side steps: the only other kernel that takes a mask with
+        fewer KV heads than query heads (math) expands K and V to every query head and holds
+        every score."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
