@@ -65,17 +65,19 @@ def load(args) -> tuple[LoadedModels, list[list[int]]]:
 
 
 def build(args, loaded, spec):
-    """A started engine over the loaded pair. Only plain decoding compiles here: the speculative
-    engine compiles per step count in run(), after synthetic acceptance is switched on (it is
-    part of the compiled and captured step)."""
+    """A started engine over the loaded pair. Only plain decoding warms up here (compiles, and
+    captures every shape it serves, compiled or not: a capture inside a measured run stalls it):
+    the speculative engine does per step count in run(), after synthetic acceptance is switched
+    on (it is part of the compiled and captured step)."""
     draft = (args.draft or "random") if spec else None
     batch = max(args.concurrency)
     eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
                              dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
-                             compile=args.compile, compile_max_batch=0 if spec else batch,
-                             prefill_graphs=args.prefill_graphs)
+                             compile=args.compile, compile_max_batch=0, prefill_graphs=args.prefill_graphs)
     engine = build_engine(eargs, loaded)
     engine.start_blocking()
+    if spec is None:
+        engine.decoder.warm_up(batch)
     if spec and args.synthetic_accept:
         engine.decoder.use_synthetic_acceptance(args.synthetic_accept)
     return engine
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--gguf-q4", action="store_true", help="keep a GGUF's 4-bit projections (CPU)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every shape before timing")
-    ap.add_argument("--prefill-graphs", action="store_true", help="both sides prefill a lone prompt as a captured "
+    ap.add_argument("--prefill-graphs", action="store_true", help="both sides prefill each short prompt as a captured "
                     "CUDA graph (engine/decoder.py PREFILL_GRAPH_TOKENS)")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--min-gain", type=float, default=0.03,

@@ -149,8 +149,8 @@ class NativeConfig:
                                                    "takes a minute or more per batch size)")
     compile_max_batch: StrictInt = Field(1, ge=0, description="with compile: batch sizes compiled before serving "
                                                               "(0: none; larger ones compile on first use)")
-    prefill_graphs: StrictBool = Field(False, description="GPU: prefill a lone prompt of up to 256 tokens as a "
-                                                          "captured CUDA graph (padded to a power of two; on CPU "
-                                                          "it only pads)")
+    prefill_graphs: StrictBool = Field(False, description="GPU: prefill each prompt of up to 256 tokens as a "
+                                                          "captured CUDA graph, a group one prompt at a time "
+                                                          "(padded to a power of two; on CPU it only pads)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")

@@ -65,7 +65,7 @@ TUNED_KINDS = ("plain", "chain", "deferred")
 # max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
 
-# With `prefill_graphs`, a lone prompt of at most this many tokens prefills as a CUDA graph, its
+# With `prefill_graphs`, a prompt of at most this many tokens prefills as a CUDA graph, its
 # width padded to a power of two (16 on), one graph per width: the cache row is read from a
 # device buffer (models.layers.AttnInputs.row_offset), so every row shares it. Eager, a prefill
 # is about a thousand small kernel launches (SmolLM2: 1,064), tens of milliseconds of host time
