@@ -8,6 +8,10 @@
 #       that need no compile
 #   bash benchmarks/results/h200_s23/run.sh conc      # carries the drafter: batch_sweep compiled at 16 and 32
 #       requests (plain, chain 4, 0 steps, then the table it picks), as h200_s22's conc; resumable
+#       (COMPILE= CONC=1,2,4,8,16,32 for calls 13 and 16: not compiled)
+#   bash benchmarks/results/h200_s23/run.sh costs     # carries the drafter; not run yet (issue 19's cost-model
+#       re-validation): step_costs of the real pair compiled, a compiled batch-1 sweep of chains 2-5, the cost
+#       model on both; resumable over calls on a warm machine (the sweep and the inductor cache live in runs/)
 set -uo pipefail
 source benchmarks/results/device_call.sh
 device_call "${LIMIT_S:-585}"
@@ -27,6 +31,16 @@ conc)
         --device cuda --dtype bfloat16 --resume --out $W/conc.json --steps 4 --concurrency ${CONC:-16,32} \
         --num-prompts 16 --rounds 3 --max-tokens 256 --prefill-graphs 2>&1 | grep -v Warning | tee -a "$OUT/conc.log"
     cp $W/conc.* "$OUT/" 2>/dev/null ;;
-*) echo "stage: profile | conc" >&2; exit 2 ;;
+costs)
+    [ -f $W/costs.json ] || run 280 python3 -m benchmarks.step_costs --model runs/smollm2/target \
+        --draft shipped/smollm2/drafter --compile --cycle-steps 2,3,4,5 --ref-steps 3 --device cuda --dtype bfloat16 \
+        --name costs --out-dir $W 2>&1 | grep -v Warning | tee -a "$OUT/costs.log"
+    run 585 python3 -m benchmarks.batch_sweep --model runs/smollm2/target --draft shipped/smollm2/drafter --compile \
+        --device cuda --dtype bfloat16 --resume --out $W/batch1.json --steps 2,3,4,5 --concurrency 1 \
+        --num-prompts 12 --rounds 1 --max-tokens 256 --prefill-graphs 2>&1 | grep -v Warning | tee -a "$OUT/batch1.log"
+    [ -f $W/batch1.json ] && run 60 python3 -m benchmarks.cost_model --sweep $W/batch1.json --validate $W/costs.json \
+        --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
+    cp $W/costs.* $W/batch1.* "$OUT/" 2>/dev/null ;;
+*) echo "stage: profile | conc | costs" >&2; exit 2 ;;
 esac
 echo "stage $1 done after $(( $(date +%s) - START ))s"
