@@ -70,10 +70,14 @@ LAG_STEPS = 16
 # device buffer (models.layers.AttnInputs.row_offset), so every row shares it. Eager, a prefill
 # is about a thousand small kernel launches (SmolLM2: 1,064), tens of milliseconds of host time
 # on an H200 before the first token; captured, a few (benchmarks/results/h200_s19/). Longer
-# prompts stay eager: there the products, not the launches, take the time. A group of short prompts
-# replays the graphs one prompt at a time (an eager group was tens of milliseconds of launches too,
-# benchmarks/results/h200_s23/), and so does a prompt another row holds (prefill_shared).
+# prompts stay eager: there the products, not the launches, take the time. A group of up to
+# PREFILL_GRAPH_GROUP short prompts replays the graphs one prompt at a time, and so do prompts
+# other rows hold (prefill_shared): on the H200 an eager group took 36-53 ms of launches and a
+# replay ~4.3 ms of GPU time (benchmarks/results/h200_s23/), so a larger group, the burst of a
+# server's first requests, stays one eager forward (32 replays in a row held the burst's first
+# tokens back twice as long).
 PREFILL_GRAPH_TOKENS = 256
+PREFILL_GRAPH_GROUP = 8
 
 
 def pow2_bucket(n: int, floor: int, cap: int) -> int:
@@ -246,14 +250,13 @@ class BatchDecoder:
     @torch.inference_mode()
     def prefill_rows(self, row: int, prompts: list[list[int]], sampling: BatchSampling) -> list[StepResult]:
         """Fill rows row .. row + len(prompts) - 1 with `prompts`; return each row's first
-        generated token. With `prefill_graphs` and prompts no longer than a graph's, each prompt
-        replays its width's captured graph, queued one after another and read once at the end: a
-        group's eager forward took ~40 ms of launches on the H200, a replay ~3 ms of GPU time
-        (benchmarks/results/h200_s23/). Otherwise one eager forward fills the group."""
+        generated token. With `prefill_graphs`, up to PREFILL_GRAPH_GROUP prompts no longer than a
+        graph's each replay their width's captured graph, queued one after another and read once
+        at the end. Otherwise one eager forward fills the group."""
         n, lens = len(prompts), [len(p) for p in prompts]
         width = max(lens)
         tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
-        if self.prefill_graphs and width <= min(PREFILL_GRAPH_TOKENS, self.cache_len):
+        if self._replays_prefill(prompts):
             samplings = [sampling.rows(i, i + 1) for i in range(n)]
             parts = [self._prefill_graphed(row + i, tokens[i, :lens[i]], s) for i, s in enumerate(samplings)]
         else:
@@ -265,6 +268,11 @@ class BatchDecoder:
             logprobs += self._logprobs(logits, s, [[(0, t)] for t in firsts[done:done + len(first)]])
             done += len(first)
         return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
+
+    def _replays_prefill(self, prompts: list[list[int]]) -> bool:
+        """Whether these prompts prefill through the captured graphs, one at a time (see PREFILL_GRAPH_GROUP)."""
+        return (self.prefill_graphs and len(prompts) <= PREFILL_GRAPH_GROUP
+                and max(map(len, prompts)) <= min(PREFILL_GRAPH_TOKENS, self.cache_len))
 
     def _prefill_graphed(self, row: int, prompt: torch.Tensor, sampling: BatchSampling):
         """One prompt through the captured graphs of its width (padded to a power of two, 16 on),
@@ -356,9 +364,9 @@ class BatchDecoder:
         still that prompt's, as its prefill wrote it, so those positions are copied, and one target forward
         of each prompt's last token (its KV rewritten with the same values) gives the first token,
         one drafter step the draft state. Costs a copied row and a one-token step, not a prefill.
-        With `prefill_graphs`, prompts short enough for a graph replay it instead: the eager
-        one-token step is a thousand launches, the replay one."""
-        if self.prefill_graphs and max(map(len, prompts)) <= min(PREFILL_GRAPH_TOKENS, self.cache_len):
+        With `prefill_graphs` a small group of short prompts replays the captured prefill instead
+        (_replays_prefill): the eager one-token step is a thousand launches, a replay one."""
+        if self._replays_prefill(prompts):
             return self.prefill_rows(row, prompts, sampling)
         n, dev = len(sources), self.device
         kv = self._kv()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.api import SamplingParams
-from engine.decoder import BatchDecoder, SpecConfig
+from engine.decoder import PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
 from models.llama import load_target
@@ -198,6 +198,19 @@ def test_group_prefill_for_graphs_matches_prefill_alone(models, kind):
     assert out == models["baseline"]
     if drafter:
         assert accepted == decode(models["target"], drafter, spec, models["prompts"])[1]
+
+
+def test_large_group_prefill_stays_one_forward(models, monkeypatch):
+    """More than PREFILL_GRAPH_GROUP prompts prefill in one eager forward even with `prefill_graphs`
+    (replays queue up one after another), and each still decodes as it does alone."""
+    prompts = models["prompts"] * 3
+    assert len(prompts) > PREFILL_GRAPH_GROUP
+
+    def replayed(*_):
+        raise AssertionError("a large group replayed the captured prefill")
+    monkeypatch.setattr(BatchDecoder, "_prefill_graphed", replayed)
+    out, _ = decode(models["target"], None, None, prompts, batched_prefill=True, prefill_graphs=True)
+    assert out == models["baseline"] * 3
 
 
 def test_group_prefill_for_graphs_keeps_each_rows_sampling(models):
