@@ -29,7 +29,7 @@ from engine.config import SpecConfig
 from models.layers import own_cache_copy
 from models.model_source import resolve_model_path
 
-TIMED = ("prefill_rows", "prefill_shared", "_catch_up", "launch", "collect", "move_row", "set_steps_table")
+TIMED = ("prefill_rows", "prefill_shared", "_catch_up", "launch", "collect", "move_row")
 
 
 def time_decoder(dec, spent: collections.Counter, calls: collections.Counter) -> None:
