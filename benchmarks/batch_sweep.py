@@ -73,10 +73,11 @@ def build(args, loaded, spec):
     batch = max(args.concurrency)
     eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
                              dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
-                             compile=args.compile, compile_max_batch=0, prefill_graphs=args.prefill_graphs)
-    engine = build_engine(eargs, loaded)
+                             compile=args.compile, compile_max_batch=0 if spec else batch,
+                             prefill_graphs=args.prefill_graphs)
+    engine = build_engine(eargs, loaded)   # compiled, plain decoding warms up in there
     engine.start_blocking()
-    if spec is None:
+    if spec is None and not args.compile:
         engine.decoder.warm_up(batch)
     if spec and args.synthetic_accept:
         engine.decoder.use_synthetic_acceptance(args.synthetic_accept)

@@ -262,6 +262,12 @@ class BatchDecoder:
         else:
             samplings = [sampling]
             parts = [self._prefill_eager(row, tokens, lens, sampling)]
+        return self._first_results(parts, samplings)
+
+    def _first_results(self, parts: list[tuple[torch.Tensor, torch.Tensor]],
+                       samplings: list[BatchSampling]) -> list[StepResult]:
+        """Prefilled rows' first tokens, read from the device once: parts[i] = (first tokens,
+        logits) of rows sampled by samplings[i]."""
         firsts = torch.cat([first for first, _ in parts]).tolist()
         logprobs, done = [], 0
         for (first, logits), s in zip(parts, samplings):
@@ -368,27 +374,20 @@ class BatchDecoder:
         (_replays_prefill): the eager one-token step is a thousand launches, a replay one."""
         if self._replays_prefill(prompts):
             return self.prefill_rows(row, prompts, sampling)
-        n, dev = len(sources), self.device
         kv = self._kv()
         for i, (src, prompt) in enumerate(zip(sources, prompts)):
             held = len(prompt)
             torch._foreach_copy_([t[row + i, :, :held] for t in kv], [t[src, :, :held] for t in kv])
         lens = [len(p) for p in prompts]
         span = min(self.cache_len, -(-max(lens) // self.span_multiple) * self.span_multiple)
-        inputs = one_token_inputs(torch.tensor(lens, device=dev) - 1, span, row_offset=row)
-        last = torch.tensor([[p[-1]] for p in prompts], device=dev)
+        inputs = one_token_inputs(torch.tensor(lens, device=self.device) - 1, span, row_offset=row)
+        last = torch.tensor([[p[-1]] for p in prompts], device=self.device)
         with self._unplanned_attention():
             out = self.target(last, inputs, capture_aux=self.spec is not None)
-        probs = probs_from_logits(self._process(out.logits, sampling, [[[]]] * n), sampling)[:, 0]
-        first = probs.argmax(-1) if sampling.all_greedy else sample_rows(probs, sampling.generators)
-        self.lens[row:row + n] = lens
-        self.pending[row:row + n] = first
-        if self.spec:
-            with self._unplanned_attention():
-                self._set_draft_state(row, n, self.drafter(first.unsqueeze(1), out.aux_hidden, inputs))
-        firsts = first.tolist()
-        logprobs = self._logprobs(out.logits, sampling, [[(0, t)] for t in firsts])
-        return [StepResult([t], logprobs=lp) for t, lp in zip(firsts, logprobs)]
+            first = self._first_tokens(row, lens, out.logits, sampling)
+            if self.spec:
+                self._set_draft_state(row, len(lens), self.drafter(first.unsqueeze(1), out.aux_hidden, inputs))
+        return self._first_results([(first, out.logits)], [sampling])
 
     def _set_draft_state(self, row: int, n: int, d) -> None:
         """Rows row .. row + n - 1 start with the drafter's output d (one position each) and no backlog."""
