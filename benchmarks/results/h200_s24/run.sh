@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 24's H200 calls (issues 18 and 19), one stage per call on one warm machine; the tree is slimmed
+# (benchmarks/device_tree.sh slim), every call carries .whl, and h200_s19's `part` and `assemble` come first.
+#   bash benchmarks/results/h200_s24/run.sh tests    # the GPU tests without compile, and the compiled catch-up
+#   bash benchmarks/results/h200_s24/run.sh batch1   # carries the drafter: the pair at batch 1, compiled on every
+#       side, plain against chains of STEPS (default 4,5), on PROMPTS (default chat; humaneval for code); resumable
+#   bash benchmarks/results/h200_s24/run.sh conc     # carries the drafter: compiled at 16 and 32 requests (plain,
+#       chain 4, 0 steps, then the table it picks), the sweep session 23 left unrun; resumable
+#   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
+#       cost model validated against batch1's chat sweep
+# Sweeps and the inductor cache live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
+# next call and later stages reuse earlier compiles.
+set -uo pipefail
+source benchmarks/results/device_call.sh
+device_call "${LIMIT_S:-585}"
+work_dir h200_s24
+T=runs/smollm2/target
+D=shipped/smollm2/drafter
+sweep() {  # name, args...
+    local name=$1; shift
+    run 585 python3 -m benchmarks.batch_sweep --model $T --draft $D --compile --device cuda --dtype bfloat16 \
+        --resume --out $W/$name.json --max-tokens 256 --prefill-graphs "$@" 2>&1 | grep -v Warning | tee -a "$OUT/$name.log"
+    cp $W/$name.* "$OUT/" 2>/dev/null
+}
+case "$1" in
+tests)
+    run 300 python3 -m pytest -m gpu tests/test_gpu.py -k "not compiled or deferred" -p no:cacheprovider \
+        2>&1 | tee "$OUT/gpu_tests.txt" | tail -3 ;;
+batch1)
+    P=${PROMPTS:-chat}
+    sweep batch1_$P --prompts shipped/smollm2/heldout/$P.jsonl --steps "${STEPS:-4,5}" --concurrency 1 \
+        --num-prompts 12 --rounds 1 ;;
+conc)
+    sweep conc --steps 4 --concurrency "${CONC:-16,32}" --num-prompts 16 --rounds 3 ;;
+costs)
+    [ -f $W/costs.json ] || run 400 python3 -m benchmarks.step_costs --model $T --draft $D --compile \
+        --cycle-steps 4,5 --ref-steps 4 --device cuda --dtype bfloat16 --name costs --out-dir $W 2>&1 \
+        | grep -v Warning | tee -a "$OUT/costs.log"
+    [ -f $W/batch1_chat.json ] && [ -f $W/costs.json ] && run 60 python3 -m benchmarks.cost_model \
+        --sweep $W/batch1_chat.json --validate $W/costs.json --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
+    cp $W/costs.* "$OUT/" 2>/dev/null ;;
+*) echo "stage: tests | batch1 | conc | costs" >&2; exit 2 ;;
+esac
+echo "stage $1 done after $(( $(date +%s) - START ))s"
