@@ -170,6 +170,13 @@ class BatchDecoder:
                          for k, f in self._fns.items()}
             self._fns_rows = {k: torch.compile(_span_from_ref(f), dynamic=True) for k, f in self._fns_rows.items()}
             self._span_base = torch.empty(self.cache_len, dtype=torch.uint8, device=self.device)
+        # The captured prefills compile too, once each with a symbolic width (every power-of-two
+        # width shares the compile; the graphs are still one per width): uncompiled, a captured
+        # prefill of one short prompt is ~1,000 small kernels, ~4.3 ms of GPU time on an H200,
+        # what a request that joins costs every row in flight (benchmarks/results/h200_s23/).
+        self._prefill_fns = (self._prefill_target, self._prefill_drafter)
+        if self.compiled and prefill_graphs:
+            self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
 
     def set_steps_table(self, steps_by_batch: tuple[tuple[int, int], ...]) -> None:
         """Draft steps per batch size from the next step on (SpecConfig.steps_by_batch, at most
@@ -291,12 +298,13 @@ class BatchDecoder:
         self.graph_last.fill_(length - 1)
         self.graph_row.fill_(row)
         tokens, last, at = self.graph_prompt[:, :width], self.graph_last, self.graph_row
-        logits, aux = self.graphs.run(("prefill", width), lambda: self._prefill_target(at, tokens, last, None))
+        target, drafter = self._prefill_fns
+        logits, aux = self.graphs.run(("prefill", width), lambda: target(at, tokens, last, None))
         first = self._first_tokens(row, [length], logits, sampling)
         if self.spec:
             self.graph_first.copy_(first)
             d = self.graphs.run(("prefill draft", width),
-                                lambda: self._prefill_drafter(at, tokens, last, self.graph_first, aux, None))
+                                lambda: drafter(at, tokens, last, self.graph_first, aux, None))
             self._set_draft_state(row, 1, d)
         return first, logits.clone()
 
@@ -403,10 +411,10 @@ class BatchDecoder:
         capture (a minute or more per shape on GPU with `compile`) happen before serving, not in
         a request's time; compiled, at the narrowest and the widest span. Leaves every row empty.
         Eager steps without graphs (CPU) have nothing to prepare: it returns at once. With
-        `prefill_graphs`, the captured prefills too, one per width (every row shares them)."""
+        `prefill_graphs`, the captured (and compiled) prefills too, one per width (every row shares them)."""
         if not (self.graphs.enabled or self.compiled):
             return
-        if self.prefill_graphs and self.graphs.enabled:
+        if self.prefill_graphs:
             limit = min(PREFILL_GRAPH_TOKENS, self.cache_len)
             for width in sorted({pow2_bucket(w, 16, self.cache_len) for w in range(1, limit + 1)}):
                 self.prefill(0, [0] * min(width, limit), BatchSampling.all_greedy_rows(1, self.device))

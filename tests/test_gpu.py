@@ -76,15 +76,16 @@ def test_tree_steps_on_graphs_equal_eager(compile):
     assert decode(t, d, spec, prompts, fast=True, compile=compile) == decode(t, d, spec, prompts, fast=False)
 
 
-@pytest.mark.parametrize("steps", [0, 3])
-def test_captured_prefill_equals_eager(steps):
+@pytest.mark.parametrize("steps,compile", [(0, False), (3, False), (3, True)], ids=["0", "3", "3-compiled"])
+def test_captured_prefill_equals_eager(steps, compile):
     """`prefill_graphs` (fp32): each prompt prefilled alone as a captured graph (widths 16 and 64,
-    rows 0..2; rows 0 and 2 replay one width-16 graph with the row from its buffer) decodes as the
-    eager prefill of the same prompt alone does."""
+    rows 0..2; rows 0 and 2 replay one width-16 graph with the row from its buffer; compiled: one
+    compile with a symbolic width, captured per width) decodes as the eager prefill of the same
+    prompt alone does."""
     t, d = build(torch.float32)
     spec = SpecConfig(steps) if steps else None
-    eager = decode(t, d, spec, PROMPTS, fast=True, alone=True)
-    assert decode(t, d, spec, PROMPTS, fast=True, prefill_graphs=True, alone=True) == eager
+    eager = decode(t, d, spec, PROMPTS, fast=True, alone=True, compile=compile)
+    assert decode(t, d, spec, PROMPTS, fast=True, prefill_graphs=True, alone=True, compile=compile) == eager
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])

@@ -79,10 +79,12 @@ def test_compiled_decoder_matches_eager(models):
     after the start-up warm-up, decoding compiles nothing more, also when the context grows into
     the next attention-span bucket, and gives the eager greedy tokens, with a fitted 3-step
     chain (draft steps, verify forward and acceptance compiled; a cold CPU compile takes 1-2
-    minutes)."""
+    minutes). With `prefill_graphs` the padded prefills of short prompts compile too, one
+    compile for every width."""
     from torch._dynamo.utils import counters
     target, drafter = models["target"], models["drafters"]["fitted"]
-    dec = BatchDecoder(target, drafter, SpecConfig(steps=3), max_batch=4, max_context=512, compile=True)
+    dec = BatchDecoder(target, drafter, SpecConfig(steps=3), max_batch=4, max_context=512, compile=True,
+                       prefill_graphs=True)
     dec.warm_up(1)
     assert dec.lens == [0] * 4
     compiled = counters["stats"]["unique_graphs"]
