@@ -51,7 +51,7 @@ class CaptureJob:
     seed: int = 0
     limit: int = 0
     first: int = 0                       # spool: micro-batches [first, end)
-    end: int = 0
+    end: int | None = None               # None: until the trainer stops it (a time-budgeted run)
     skip: list[int] = field(default_factory=list)   # spool: micro-batches already there (Spool.prepare)
     shard_size: int = 256                # store: conversations per shard
     dtype: str = "float32"
@@ -186,10 +186,11 @@ def run_spool(job: CaptureJob, engine, spec: TargetSpec, batches: Batches) -> No
     alive = _parent_alive(job)
     dtype, n = DTYPES[job.dtype], len(job.aux_layer_outputs)
     g, skip = job.first, set(job.skip)
-    bar = tqdm(total=job.end - job.first, desc="capture", unit="mb", file=sys.stderr)
-    while g < job.end:
+    end = math.inf if job.end is None else job.end
+    bar = tqdm(total=None if job.end is None else job.end - job.first, desc="capture", unit="mb", file=sys.stderr)
+    while g < end:
         units, need, nseq = [], 0, 0
-        while g < job.end:
+        while g < end:
             if g in skip:   # left by a previous writer for this run (Spool.prepare kept it)
                 g += 1
                 bar.update(1)

@@ -212,8 +212,9 @@ def wait_store(root: str, poll_s: float = 1.0) -> None:
 
 def open_source(c, *, main: bool, world: int, device: torch.device, dtype: torch.dtype, batches: Batches, target,
                 head: TargetHead | None, aux: list[int], spec, engine: str, store_dir: str | None,
-                capture_store: bool, first: int, end: int, out: Path):
-    """The feature source for `drafter train` (c: its TrainConfig), serving micro-batches first..end-1."""
+                capture_store: bool, first: int, end: int | None, out: Path):
+    """The feature source for `drafter train` (c: its TrainConfig), serving micro-batches first..end-1
+    (end None: until training stops)."""
     if target is not None:
         return InLoopSource(target, batches, device)
     cap_dtype = c.capture_dtype if c.capture_dtype != "auto" else ("bfloat16" if torch.cuda.is_available()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -341,9 +342,10 @@ def train(c: TrainConfig) -> dict:
     budget = c.time_budget_s
     if budget > 0 and c.max_steps:
         raise ValueError("--time-budget is the run's length: it takes no --max-steps")
-    # A time-budgeted run has no step count: the loop ends on the budget (`spent`), not on `total`.
-    total = 10**9 if budget > 0 else c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
-    warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * total)
+    # A time-budgeted run has no step count (total None): the loop ends on the budget (`spent`),
+    # and its learning rate follows the seconds trained (lr_at_time), not the steps.
+    total = None if budget > 0 else c.max_steps or max(1, int(c.epochs * batches.per_epoch) // micro_per_step)
+    warmup = c.warmup_steps if c.warmup_steps >= 0 else int(c.warmup_ratio * (total or 0))
     used, t2d = vocab.used.to(device), drafter.t2d
 
     c.extra["capture_engine"] = engine   # export records it with the layer outputs
@@ -356,17 +358,18 @@ def train(c: TrainConfig) -> dict:
             save_checkpoint(out, 0, drafter, opt, c.keep_checkpoints + 1)   # the untrained drafter
     source = fs.open_source(c, main=d.main, world=d.world, device=device, dtype=dtype, batches=batches,
                             target=target, head=head, aux=aux, spec=shape, engine=engine, store_dir=store_dir,
-                            capture_store=capture_store, first=start * micro_per_step, end=total * micro_per_step,
+                            capture_store=capture_store, first=start * micro_per_step,
+                            end=None if total is None else total * micro_per_step,
                             out=out)
     log = open(out / "log.jsonl", "a") if d.main else None
-    bar = tqdm(total=None if budget > 0 else total, initial=start, desc="train", unit="step", disable=not d.main)
+    bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not d.main)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     k = c.ttt_length
     acc_stats, n_batches, tokens, t0 = torch.zeros(TTTStats.size(k), device=device), 0, 0, time.time()
     model.train()
     done, trained_s, loop_start = start, trained_before, time.time()
     try:
-        for step in range(start, total):
+        for step in itertools.count(start) if total is None else range(start, total):
             if budget > 0:
                 lr = lr_at_time(trained_s, budget, c.warmup_ratio, c.lr, c.min_lr_ratio)
             else:
@@ -422,6 +425,6 @@ def train(c: TrainConfig) -> dict:
     if d.world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    finished = done >= total or (budget > 0 and trained_s >= budget)
-    return {"run": str(out), "step": done, "steps": done if budget > 0 else total, "finished": finished,
+    finished = trained_s >= budget if total is None else done >= total
+    return {"run": str(out), "step": done, "steps": done if total is None else total, "finished": finished,
             "trained_s": round(trained_s, 1)}
