@@ -42,7 +42,7 @@ import torch
 from benchmarks.engine_load import HELDOUT, load_prompts, run_load
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS, random_pair
-from engine.config import SpecConfig
+from engine.config import SpecConfig, parse_trees
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine
 from models.layers import own_cache_copy
 from models.model_source import resolve_model_path
@@ -295,13 +295,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     args.steps = [int(s) for s in args.steps.split(",") if s]
     try:
-        args.trees = [tuple(int(v) for v in t.split("x")) for t in args.trees.split(",") if t]
-        for s, k, n in args.trees:
-            if k < 2:
-                raise ValueError(f"topk {k}: a chain is --steps")
-            SpecConfig(s, k, n)
-    except (ValueError, TypeError) as e:
-        ap.error(f"--trees {args.trees!r}: each is STEPSxTOPKxTOKENS with topk > 1 ({e})")
+        args.trees = [(t.steps, t.topk, t.draft_tokens) for t in parse_trees(args.trees)]
+    except ValueError as e:
+        ap.error(f"--trees: {e}")
     if args.trees and args.synthetic_accept:
         ap.error("--synthetic-accept is per chain position: it cannot drive --trees")
     args.concurrency = sorted(int(c) for c in args.concurrency.split(","))

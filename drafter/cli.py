@@ -7,7 +7,7 @@
     drafter train --target DIR --data DATA --out RUN [--max-steps N] [--resume]   (torchrun for multi-GPU)
                   [--features native|transformers|vllm|KEPT] [--spool DIR] [--spool-budget-gb X] [--keep-features DIR]
     drafter export RUN OUT [--serving-engine sglang-llama|sglang-deepseek|vllm]
-    drafter eval --target DIR --draft OUT [--draft OTHER] --prompts P.jsonl --steps 1,2,3
+    drafter eval --target DIR --draft OUT [--draft OTHER] --prompts P.jsonl --steps 1,2,3 [--trees 6x8x32]
     drafter inspect CONFIG [--target-layers N] [--captured-by ENGINE]
     drafter compare A B [--target-layers N] [--captured-by ENGINE]
     drafter export-hf SRC.gguf OUT [--dtype float32|bfloat16|float16]
@@ -147,7 +147,9 @@ def cmd_export(a) -> int:
 
 def cmd_eval(a) -> int:
     from drafter.evaluate import evaluate, table, write_json
-    results = evaluate(a.target, a.draft, a.prompts, _ints(a.steps), max_tokens=a.max_tokens, limit=a.limit,
+    from engine.config import SpecConfig, parse_trees
+    specs = [SpecConfig(steps=s) for s in _ints(a.steps)] + parse_trees(a.trees)   # ValueError: main's exit 2
+    results = evaluate(a.target, a.draft, a.prompts, specs, max_tokens=a.max_tokens, limit=a.limit,
                        device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context)
     print(table(results))
     if a.out:
@@ -343,7 +345,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--prompts", required=True,
                     help="prompt file (first user turn of each conversation; "
                          "raw prompts without the template)")
-    ev.add_argument("--steps", default="1,2,3", help="comma-separated speculative step counts")
+    ev.add_argument("--steps", default="1,2,3", help="comma-separated speculative step counts (chains)")
+    ev.add_argument("--trees", default="", help="SGLang-style trees too, STEPSxTOPKxTOKENS comma list (e.g. 6x8x32)")
     ev.add_argument("--max-tokens", type=int, default=256)
     ev.add_argument("--limit", type=int, default=0)
     ev.add_argument("--device", default="auto")

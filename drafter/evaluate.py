@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 class EvalResult:
     draft: str
     steps: int
+    setting: str                 # SpecConfig.label: the step count, or a tree's STEPSxTOPKxTOKENS
     prompts: int
     completion_tokens: int
     verify_steps: int
@@ -71,13 +72,13 @@ async def greedy_replies(engine, prompts: list[list[dict] | str], max_tokens: in
 
 
 async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: int) -> EvalResult:
-    """One step count: an engine over the already loaded models, every prompt at once."""
+    """One setting (a chain or a tree): an engine over the already loaded models, every prompt at once."""
     from engine.loading import build_engine
 
     engine = build_engine(args, loaded)
     draft, steps = args.draft, args.spec.steps
     await engine.start()
-    bar = tqdm(total=len(prompts), desc=f"eval {Path(draft).name} steps={steps}", unit="prompt")
+    bar = tqdm(total=len(prompts), desc=f"eval {Path(draft).name} {args.spec.label}", unit="prompt")
     try:
         outs = [r.last for r in await greedy_replies(engine, prompts, max_tokens, bar)]
     finally:
@@ -91,22 +92,21 @@ async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: i
     for o in outs:
         for i, n in enumerate(o.spec.accepted_per_position[:steps]):
             per_pos[i] += n
-    return EvalResult(draft=str(draft), steps=steps, prompts=len(prompts), completion_tokens=completion,
+    return EvalResult(draft=str(draft), steps=steps, setting=args.spec.label, prompts=len(prompts),
+                      completion_tokens=completion,
                       verify_steps=verify, accept_length=round(completion / verify, 4) if verify else 0.0,
                       accept_rate=round(accepted / proposed, 4) if proposed else 0.0,
                       per_position=[round(n / verify, 4) if verify else 0.0 for n in per_pos])
 
 
-def evaluate(target: str, drafts: list[str], prompts_file: str, steps: list[int], *, max_tokens: int = 256,
+def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list, *, max_tokens: int = 256,
              limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16,
-             max_context: int = 2048, specs: list | None = None) -> list[EvalResult]:
-    """One result per drafter and step count (a chain), or per SpecConfig of `specs` (trees too)."""
-    from engine.decoder import SpecConfig
+             max_context: int = 2048) -> list[EvalResult]:
+    """One result per drafter and SpecConfig of `specs` (chains and trees)."""
     from engine.loading import LoadedModels, NativeEngineArgs
 
     prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt()
                for c in read_prompts(prompts_file, limit)]
-    specs = specs or [SpecConfig(steps=s) for s in steps]
     results = []
     for d in drafts:  # each drafter loads once; each setting gets a fresh engine over it
         args = [NativeEngineArgs(model=target, draft=d, spec=spec, device=device, dtype=dtype,
@@ -121,12 +121,12 @@ def table(results: list[EvalResult]) -> str:
     width = max(r.steps for r in results)
     name_w = max(12, *(len(Path(r.draft).name) for r in results))
     positions = "  ".join(f"{'pos' + str(i + 1):>6}" for i in range(width))
-    head = f"{'draft':<{name_w}}  steps  accept_len  accept_rate  {positions}"
+    head = f"{'draft':<{name_w}}  {'steps':>8}  accept_len  accept_rate  {positions}"
     lines = [head, "-" * len(head)]
     for r in results:
         pos = "  ".join(f"{p:6.3f}" for p in r.per_position)
         name = Path(r.draft).name
-        lines.append(f"{name:<{name_w}}  {r.steps:5d}  {r.accept_length:10.3f}  {r.accept_rate:11.3f}  {pos}")
+        lines.append(f"{name:<{name_w}}  {r.setting:>8}  {r.accept_length:10.3f}  {r.accept_rate:11.3f}  {pos}")
     return "\n".join(lines)
 
 

@@ -129,6 +129,27 @@ class SpecConfig:
         """Cache positions a step may write beyond the committed length."""
         return max(self.draft_tokens, self.steps * self.topk) + 2
 
+    @property
+    def label(self) -> str:
+        """How results name it: the step count of a chain, STEPSxTOPKxTOKENS of a tree."""
+        return str(self.steps) if self.topk == 1 else f"{self.steps}x{self.topk}x{self.draft_tokens}"
+
+
+def parse_trees(text: str) -> list[SpecConfig]:
+    """SGLang-style trees given as "STEPSxTOPKxTOKENS,..." (e.g. 6x8x32), each with topk > 1
+    (a chain is a step count). ValueError says which one is wrong."""
+    trees = []
+    for t in filter(None, text.split(",")):
+        try:
+            steps, topk, tokens = (int(v) for v in t.split("x"))
+            tree = SpecConfig(steps=steps, topk=topk, draft_tokens=tokens)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{t!r}: a tree is STEPSxTOPKxTOKENS ({e})") from None
+        if topk < 2:
+            raise ValueError(f"{t!r}: topk {topk} is a chain: give it as a step count")
+        trees.append(tree)
+    return trees
+
 
 @dataclass(config=CONFIG)
 class NativeConfig:

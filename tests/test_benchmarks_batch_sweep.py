@@ -71,8 +71,8 @@ def test_bad_flags_name_what_is_wrong(tmp_path, capsys):
     for argv, message in ((["--model", str(models.target)], "--model needs --draft"),
                           (["--model", str(models.target), "--draft", str(models.draft), "--synthetic-accept", "1"],
                            "--synthetic-accept is for the random pair"),
-                          (["--trees", "3x1x4"], "each is STEPSxTOPKxTOKENS"),
-                          (["--trees", "3x4", "--synthetic-accept", "1,1,1"], "each is STEPSxTOPKxTOKENS"),
+                          (["--trees", "3x1x4"], "'3x1x4': topk 1 is a chain"),
+                          (["--trees", "3x4", "--synthetic-accept", "1,1,1"], "'3x4': a tree is STEPSxTOPKxTOKENS"),
                           (["--trees", "3x4x8", "--synthetic-accept", "1,1,1"], "cannot drive --trees")):
         with pytest.raises(SystemExit):
             batch_sweep.main(argv + ["--out", str(tmp_path / "x.json")])

@@ -105,9 +105,11 @@ def test_pipeline_end_to_end_through_our_server(tmp_path, one_thread):
 
     results = tmp_path / "eval.json"
     assert drafter(["eval", "--target", str(target), "--draft", str(untrained), "--draft", str(trained),
-                    "--prompts", str(prompts), "--steps", "3", "--max-tokens", str(MAX_TOKENS),
+                    "--prompts", str(prompts), "--steps", "3", "--trees", "3x2x6", "--max-tokens", str(MAX_TOKENS),
                     "--out", str(results)]) == 0
-    before, after = json.loads(results.read_text())
+    before, before_tree, after, after_tree = json.loads(results.read_text())
+    assert [r["setting"] for r in (before, before_tree, after, after_tree)] == ["3", "3x2x6"] * 2
+    assert after_tree["accept_length"] >= after["accept_length"]   # the chain's path is one of the tree's
     print(f"accept length at 3 steps: untrained {before['accept_length']}, trained {after['accept_length']}; "
           f"trained per-position {after['per_position']}; training log {log[-1]}")
     assert after["accept_length"] >= before["accept_length"] + 0.3

@@ -19,6 +19,7 @@ from drafter.prompts import Conversation, parse_record, raw_prompt_ids, read_pro
 from drafter.self_prompts import SYSTEM_PROMPTS, opening
 from drafter.shards import tokenize_batch
 from drafter.user_turn import PLACEHOLDER, end_of_turn_ids, template_markers, user_turn
+from engine.config import SpecConfig
 from tests import server_harness as h
 from tests.tiny import make_target_dir, stdlib_texts
 
@@ -201,8 +202,8 @@ def test_eval_continues_raw_prompts_without_the_template(tiny, tmp_path):
     chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n"
                             for p in h.COMPLETION_PROMPTS))
     kw = dict(max_tokens=h.MAX_TOKENS, device="cpu", max_batch=4)
-    [as_raw] = evaluate(str(tiny.target), [str(tiny.draft)], str(raw), [3], **kw)
-    [as_chat] = evaluate(str(tiny.target), [str(tiny.draft)], str(chat), [3], **kw)
+    [as_raw] = evaluate(str(tiny.target), [str(tiny.draft)], str(raw), [SpecConfig(steps=3)], **kw)
+    [as_chat] = evaluate(str(tiny.target), [str(tiny.draft)], str(chat), [SpecConfig(steps=3)], **kw)
     assert as_raw.prompts == len(h.COMPLETION_PROMPTS)
     assert as_raw.accept_length > 2.0 and as_raw.accept_length > as_chat.accept_length + 0.5
 

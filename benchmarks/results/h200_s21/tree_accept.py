@@ -16,8 +16,8 @@ from engine.decoder import SpecConfig
 def main() -> None:
     prompts_file, limit, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     specs = [SpecConfig(*(int(x) for x in setting.split(","))) for setting in sys.argv[4:]]
-    results = evaluate("runs/smollm2-hf", ["shipped/smollm2/drafter"], prompts_file, [], max_tokens=max_tokens,
-                       limit=limit, device="cpu", dtype="float32", max_batch=limit, max_context=1024, specs=specs)
+    results = evaluate("runs/smollm2-hf", ["shipped/smollm2/drafter"], prompts_file, specs, max_tokens=max_tokens,
+                       limit=limit, device="cpu", dtype="float32", max_batch=limit, max_context=1024)
     for spec, r in zip(specs, results):
         print(json.dumps({"prompts": prompts_file, "steps": spec.steps, "topk": spec.topk,
                           "draft_tokens": spec.draft_tokens, "accept_length": r.accept_length,
