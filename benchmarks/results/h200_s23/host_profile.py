@@ -33,18 +33,25 @@ TIMED = ("prefill_rows", "prefill_shared", "_catch_up", "launch", "collect", "mo
 
 
 def time_decoder(dec, spent: collections.Counter, calls: collections.Counter) -> None:
-    """Wrap the decoder's entry points on the instance: seconds and calls per name (prefills by size)."""
+    """Wrap the decoder's entry points on the instance: seconds and calls per name (prefills by size).
+    A timed call made inside another (prefill_shared replaying through prefill_rows) counts to the
+    outer one only, so no second is counted twice."""
+    depth = [0]
     for name in TIMED:
         fn = getattr(dec, name)
 
         def timed(*a, _fn=fn, _name=name, **k):
+            if depth[0]:
+                return _fn(*a, **k)
             key = _name
             if _name == "prefill_rows":
                 key += " n=1" if len(a[1]) == 1 else " n>1"
+            depth[0] += 1
             t0 = time.perf_counter()
             try:
                 return _fn(*a, **k)
             finally:
+                depth[0] -= 1
                 spent[key] += time.perf_counter() - t0
                 calls[key] += 1
         setattr(dec, name, timed)
