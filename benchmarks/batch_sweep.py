@@ -109,13 +109,17 @@ def measure(engine, prompts, concurrency, args, label, steps, progress: Progress
         return
     batch = [prompts[i % len(prompts)] for i in range(max(args.num_prompts, args.rounds * concurrency))]
     run_load(engine, batch[:concurrency], concurrency, args.max_tokens, args.ignore_eos)  # warm-up (graphs)
-    r = run_load(engine, batch, concurrency, args.max_tokens, args.ignore_eos)
+    runs = sorted((run_load(engine, batch, concurrency, args.max_tokens, args.ignore_eos)
+                   for _ in range(args.repeats)), key=lambda run: run.throughput)
+    r = runs[len(runs) // 2]   # the median run (by throughput) is the row
     ref = progress.plain_outputs.setdefault(str(concurrency), r.outputs)
     mismatches = sum(a != b for a, b in zip(r.outputs, ref))
     progress.add({"setting": label, "steps": steps, "topk": topk if steps else 0,
                   "draft_tokens": (draft_tokens or steps + 1) if steps else 0,
-                  **r.record(), "requests": len(batch), "mismatches": mismatches})
-    print(f"{label:>10} c={concurrency:<3} {r.throughput:9.1f} tok/s  per request {r.request_tok_s:8.1f}  "
+                  **r.record(), "throughput_runs": [run.throughput for run in runs], "requests": len(batch),
+                  "mismatches": mismatches})
+    spread = f" (runs {runs[0].throughput:.1f}-{runs[-1].throughput:.1f})" if len(runs) > 1 else ""
+    print(f"{label:>10} c={concurrency:<3} {r.throughput:9.1f} tok/s{spread}  per request {r.request_tok_s:8.1f}  "
           f"accept {r.accept_length:.2f}  ttft {r.ttft_s * 1000:.1f} ms  wait {r.wait_ms_per_step:.3f} ms/step  "
           f"max gap {r.max_gap_s * 1000:.0f} ms  mismatches {mismatches}\n{'':>16}host ms/step: "
           + "  ".join(f"{k} {v:.3f}" for k, v in r.host_ms_per_step.items()), flush=True)
@@ -217,8 +221,8 @@ def run(args) -> dict:
             "env": {"device": str(loaded.device), "dtype": dtype, "compile": args.compile,
                     "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
             "settings": {k: getattr(args, k) for k in ("steps", "trees", "concurrency", "num_prompts", "rounds",
-                                                     "max_tokens", "max_context", "prompts", "ignore_eos", "gguf_q4",
-                                                     "prompt_len", "min_gain")},
+                                                     "repeats", "max_tokens", "max_context", "prompts", "ignore_eos",
+                                                     "gguf_q4", "prompt_len", "min_gain")},
             "best": {"steps": best1["steps"], "topk": best1.get("topk", 1),
                      "draft_tokens": best1.get("draft_tokens", best1["steps"] + 1 if best1["steps"] else 0),
                      "tok_s": best1["throughput"], "setting": best1["setting"]},
@@ -229,7 +233,11 @@ def run(args) -> dict:
 def markdown(result: dict) -> str:
     cols = ["setting", "concurrency", "throughput tok/s", "x plain", "per-request tok/s", "x plain (request)",
             "accept length", "TTFT ms (median)", "max gap ms", "mismatches"]
-    body = [[r["setting"], r["concurrency"], round(r["throughput"], 1), f"{r['x_plain_throughput']:.2f}x",
+    def throughput(r: dict) -> str:   # the median run, and the range of the runs where there were several
+        runs = r.get("throughput_runs", [])
+        return f"{r['throughput']:.1f}" + (f" ({min(runs):.0f}-{max(runs):.0f})" if len(runs) > 1 else "")
+
+    body = [[r["setting"], r["concurrency"], throughput(r), f"{r['x_plain_throughput']:.2f}x",
              round(r["request_tok_s"], 1), f"{r['x_plain_request']:.2f}x" if r["x_plain_request"] else None,
              round(r["accept_length"], 2), round(r["ttft_s"] * 1000, 1) if "ttft_s" in r else None,
              round(r["max_gap_s"] * 1000), r["mismatches"]]
@@ -278,6 +286,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--prompts", default=str(HELDOUT), help="JSONL of {messages} or {prompt}")
     ap.add_argument("--num-prompts", type=int, default=16, help="requests per run (at least --rounds x concurrency)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="serve each setting's requests this many times; the median run (by throughput) is the row")
     ap.add_argument("--rounds", type=int, default=2, help="requests per run >= rounds x concurrency")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-context", type=int, default=1024)
@@ -300,6 +310,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--trees: {e}")
     if args.trees and args.synthetic_accept:
         ap.error("--synthetic-accept is per chain position: it cannot drive --trees")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1")
     args.concurrency = sorted(int(c) for c in args.concurrency.split(","))
     args.synthetic_accept = [float(r) for r in args.synthetic_accept.split(",")] if args.synthetic_accept else None
     if args.model:

@@ -171,7 +171,8 @@ class NativeConfig:
     compile_max_batch: StrictInt = Field(1, ge=0, description="with compile: batch sizes compiled before serving "
                                                               "(0: none; larger ones compile on first use)")
     prefill_graphs: StrictBool = Field(False, description="GPU: prefill each prompt of up to 256 tokens as a "
-                                                          "captured CUDA graph, groups of up to 8 one prompt at a "
-                                                          "time (padded to a power of two; on CPU it only pads)")
+                                                          "captured CUDA graph (compiled with compile), groups of "
+                                                          "up to 8 one prompt at a time (padded to a power of "
+                                                          "two; on CPU it only pads)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")

@@ -55,7 +55,7 @@ def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):
     step yields steps + 1 tokens and every reply runs to max_tokens."""
     out = tmp_path / "synthetic.json"
     result = batch_sweep.main(["--shape", "tiny", "--device", "cpu", "--steps", "2", "--concurrency", "1",
-                               "--synthetic-accept", "1,1", "--num-prompts", "2", "--prompt-len", "8",
+                               "--synthetic-accept", "1,1", "--num-prompts", "2", "--prompt-len", "8", "--repeats", "3",
                                "--max-tokens", "16", "--rounds", "1", "--out", str(out)])
     plain, chain, off = result["rows"]
     assert plain["tokens_per_step"] == off["tokens_per_step"] == 1.0 and plain["x_plain_throughput"] == 1.0
@@ -63,6 +63,8 @@ def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):
     assert all(set(r["host_ms_per_step"]) == {"admit", "step", "apply", "flush"} for r in result["rows"])
     assert all(r["host_ms_per_step"]["step"] > 0 for r in result["rows"])
     assert json.loads(out.read_text())["synthetic_acceptance"] == [1.0, 1.0]
+    for r in result["rows"]:   # --repeats 3: each row is the median of its three runs
+        assert len(r["throughput_runs"]) == 3 and r["throughput"] == sorted(r["throughput_runs"])[1]
     assert "SYNTHETIC" in out.with_suffix(".md").read_text()
 
 
