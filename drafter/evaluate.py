@@ -21,6 +21,7 @@ from drafter.prompts import raw_prompt_ids, read_prompts
 
 if TYPE_CHECKING:
     from engine.api import GenerationOutput
+    from engine.config import SpecConfig
 
 
 @dataclass
@@ -99,7 +100,7 @@ async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: i
                       per_position=[round(n / verify, 4) if verify else 0.0 for n in per_pos])
 
 
-def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list, *, max_tokens: int = 256,
+def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list[SpecConfig], *, max_tokens: int = 256,
              limit: int = 0, device: str = "auto", dtype: str = "auto", max_batch: int = 16,
              max_context: int = 2048) -> list[EvalResult]:
     """One result per drafter and SpecConfig of `specs` (chains and trees)."""

@@ -9,7 +9,8 @@
 #   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
 #       cost model validated against batch1's chat sweep
 #   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT (not run in session 24)
-# REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
+# REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
+# live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
 # next call and later stages reuse earlier compiles.
 set -uo pipefail
 source benchmarks/results/device_call.sh
@@ -20,7 +21,8 @@ D=shipped/smollm2/drafter
 sweep() {  # name, args...
     local name=$1; shift
     run 585 python3 -m benchmarks.batch_sweep --model $T --draft $D --compile --device cuda --dtype bfloat16 \
-        --resume --out $W/$name.json --max-tokens 256 --prefill-graphs --repeats "${REPEATS:-1}" "$@" 2>&1 | grep -v Warning | tee -a "$OUT/$name.log"
+        --resume --out $W/$name.json --max-tokens 256 --prefill-graphs --repeats "${REPEATS:-1}" "$@" 2>&1 \
+        | grep -v Warning | tee -a "$OUT/$name.log"
     cp $W/$name.* "$OUT/" 2>/dev/null
 }
 case "$1" in
