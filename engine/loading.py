@@ -135,11 +135,15 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         max_context = args.max_context or target.config.max_position_embeddings
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
                                prefill_graphs=args.prefill_graphs)
-        if args.compile:
+        if args.compile or decoder.graphs.enabled:
+            # Compiling takes minutes, so compile_max_batch bounds it; capturing CUDA graphs alone
+            # takes seconds, so every batch size is captured. Either way a capture in serving
+            # would stall every request in flight.
+            rows = args.compile_max_batch if args.compile else args.max_batch
             t0 = time.perf_counter()
-            decoder.warm_up(args.compile_max_batch)
-            log.info("compiled decode steps for batch sizes up to %d in %.0f s", args.compile_max_batch,
-                     time.perf_counter() - t0)
+            decoder.warm_up(rows)
+            log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if args.compile else "captured",
+                     rows, time.perf_counter() - t0)
         info.max_context, info.device = max_context, str(device)
         info.extra = {"dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."), "model_path": args.model,
                       "draft_path": args.draft or ""}
