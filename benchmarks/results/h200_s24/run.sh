@@ -3,7 +3,8 @@
 # (benchmarks/device_tree.sh slim), every call carries .whl, and h200_s19's `part` and `assemble` come first.
 #   bash benchmarks/results/h200_s24/run.sh tests    # the GPU tests without compile, and the compiled catch-up
 #   bash benchmarks/results/h200_s24/run.sh batch1   # carries the drafter: the pair at batch 1, compiled on every
-#       side, plain against chains of STEPS (default 4,5), on PROMPTS (default chat; humaneval for code); resumable
+#       side, plain against chains of STEPS (default 4,5) and TREES (none), on PROMPTS (default chat; humaneval
+#       for code); resumable
 #   bash benchmarks/results/h200_s24/run.sh conc     # carries the drafter: compiled at 16 and 32 requests (plain,
 #       chain 4, 0 steps, then the table it picks), the sweep session 23 left unrun; resumable
 #   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
@@ -31,8 +32,8 @@ tests)
         2>&1 | tee "$OUT/gpu_tests.txt" | tail -3 ;;
 batch1)
     P=${PROMPTS:-chat}
-    sweep batch1_$P --prompts shipped/smollm2/heldout/$P.jsonl --steps "${STEPS:-4,5}" --concurrency 1 \
-        --num-prompts 12 --rounds 1 ;;
+    sweep batch1_$P --prompts shipped/smollm2/heldout/$P.jsonl --steps "${STEPS:-4,5}" --trees "${TREES:-}" \
+        --concurrency 1 --num-prompts 12 --rounds 1 ;;
 conc)
     sweep conc --steps 4 --concurrency "${CONC:-16,32}" --num-prompts 16 --rounds 3 ;;
 costs)
