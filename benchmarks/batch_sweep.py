@@ -65,20 +65,18 @@ def load(args) -> tuple[LoadedModels, list[list[int]]]:
 
 
 def build(args, loaded, spec):
-    """A started engine over the loaded pair. Only plain decoding warms up here (compiles, and
-    captures every shape it serves, compiled or not: a capture inside a measured run stalls it):
-    the speculative engine does per step count in run(), after synthetic acceptance is switched
-    on (it is part of the compiled and captured step)."""
+    """A started engine over the loaded pair. Only plain decoding warms up here, in build_engine
+    (compiles, and captures every shape it serves, compiled or not: a capture inside a measured
+    run stalls it): the speculative engine (compile_max_batch 0) does per step count in run(),
+    after synthetic acceptance is switched on (it is part of the compiled and captured step)."""
     draft = (args.draft or "random") if spec else None
     batch = max(args.concurrency)
     eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
                              dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
                              compile=args.compile, compile_max_batch=0 if spec else batch,
                              prefill_graphs=args.prefill_graphs)
-    engine = build_engine(eargs, loaded)   # compiled, plain decoding warms up in there
+    engine = build_engine(eargs, loaded)
     engine.start_blocking()
-    if spec is None and not args.compile:
-        engine.decoder.warm_up(batch)
     if spec and args.synthetic_accept:
         engine.decoder.use_synthetic_acceptance(args.synthetic_accept)
     return engine

@@ -169,8 +169,9 @@ class NativeConfig:
     compile: StrictBool = Field(False, description="torch.compile the decode steps (fused kernels; compiling "
                                                    "takes a minute or more per batch size)")
     compile_max_batch: StrictInt = Field(1, ge=0, description="with compile: batch sizes compiled before serving "
-                                                              "(0: none; larger ones compile on first use; "
-                                                              "without compile a GPU captures every batch size)")
+                                                              "(0: none, nor any CUDA graph; larger ones compile "
+                                                              "on first use; without compile a GPU captures every "
+                                                              "batch size)")
     prefill_graphs: StrictBool = Field(False, description="GPU: prefill each prompt of up to 256 tokens as a "
                                                           "captured CUDA graph (compiled with compile), groups of "
                                                           "up to 8 one prompt at a time (padded to a power of "

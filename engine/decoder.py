@@ -315,6 +315,8 @@ class BatchDecoder:
         n, width = tokens.shape
         last = torch.tensor(lens, device=self.device) - 1
         inputs = self._prefill_inputs(row, n, width)
+        # Never the compiled _prefill_fns: a compiled graph keeps the attention backend it was
+        # traced with, and these run without cuDNN where the captured prefills run with it.
         with self._unplanned_attention() if width <= PREFILL_GRAPH_TOKENS else contextlib.nullcontext():
             logits, aux = self._prefill_target(row, tokens, last, inputs)
             first = self._first_tokens(row, lens, logits, sampling)

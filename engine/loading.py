@@ -135,11 +135,12 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         max_context = args.max_context or target.config.max_position_embeddings
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
                                prefill_graphs=args.prefill_graphs)
-        if args.compile or decoder.graphs.enabled:
-            # Compiling takes minutes, so compile_max_batch bounds it; capturing CUDA graphs alone
-            # takes seconds, so every batch size is captured. Either way a capture in serving
-            # would stall every request in flight.
-            rows = args.compile_max_batch if args.compile else args.max_batch
+        # A capture in serving would stall every request in flight, so shapes are prepared now.
+        # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
+        # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change
+        # the step first, as synthetic acceptance does, warm up themselves).
+        rows = (args.compile_max_batch if args.compile else args.max_batch) if args.compile_max_batch else 0
+        if rows and (args.compile or decoder.graphs.enabled):
             t0 = time.perf_counter()
             decoder.warm_up(rows)
             log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if args.compile else "captured",
