@@ -10,13 +10,15 @@
 #   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
 #       cost model validated against batch1's chat sweep
 #   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT (not run in session 24)
+# WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
+# the tests' -k expression (default "not compiled or deferred").
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
 # live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
 # next call and later stages reuse earlier compiles.
 set -uo pipefail
 source benchmarks/results/device_call.sh
 device_call "${LIMIT_S:-585}"
-work_dir h200_s24
+work_dir "${WORK:-h200_s24}"
 T=runs/smollm2/target
 D=shipped/smollm2/drafter
 sweep() {  # name, args...
@@ -28,7 +30,7 @@ sweep() {  # name, args...
 }
 case "$1" in
 tests)
-    run 300 python3 -m pytest -m gpu tests/test_gpu.py -k "not compiled or deferred" -p no:cacheprovider \
+    run 300 python3 -m pytest -m gpu tests/test_gpu.py -k "${TESTS_K:-not compiled or deferred}" -p no:cacheprovider \
         2>&1 | tee "$OUT/gpu_tests.txt" | tail -3 ;;
 batch1)
     P=${PROMPTS:-chat}
