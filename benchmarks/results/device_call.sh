@@ -41,10 +41,15 @@ work_dir() {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 }
 
-pack_inductor() {
-    # $OUT returns at most 8 files of 16 MiB: the cache, gzipped, in pieces of 15 MiB. Locally:
+pack_inductor() {  # [FIRST]
+    # A call returns at most ~64 MiB: the cache, gzipped once into $W in pieces of 15 MiB, comes back
+    # four pieces a call from piece FIRST (default 0; session 25's pack was 77 MB, five pieces: a
+    # second call with FIRST=4 on the still-warm machine returns the rest). Locally:
     # mkdir -p runs/inductor_pack && cp /work/.device/N/inductor.tgz.* runs/inductor_pack/, then carry
-    # runs/inductor_pack with a call that has room (the slimmed tree, .whl and the drafter take ~32 MiB).
-    tar -cz -C "$W" inductor | split -b 15M -d -a 1 - "$OUT/inductor.tgz."
-    ls -l "$OUT"/inductor.tgz.*
+    # runs/inductor_pack's pieces with calls that have room (the slimmed tree, .whl and the drafter take
+    # ~32 MiB); pieces carried in earlier calls stay on a warm machine, as the GGUF's do.
+    local first=${1:-0}
+    ls "$W"/inductor.tgz.* >/dev/null 2>&1 || tar -cz -C "$W" inductor | split -b 15M -d -a 1 - "$W/inductor.tgz."
+    ls "$W"/inductor.tgz.* | sed -n "$((first + 1)),$((first + 4))p" | xargs -r cp -t "$OUT"
+    ls -l "$W"/inductor.tgz.*
 }

@@ -9,7 +9,7 @@
 #       chain 4, 0 steps, then the table it picks), the sweep session 23 left unrun; resumable
 #   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
 #       cost model validated against batch1's chat sweep
-#   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT (not run in session 24)
+#   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT, four pieces from FIRST (default 0)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
 # the tests' -k expression (default "not compiled or deferred").
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
@@ -45,7 +45,7 @@ costs)
     [ -f $W/batch1_chat.json ] && [ -f $W/costs.json ] && run 60 python3 -m benchmarks.cost_model \
         --sweep $W/batch1_chat.json --validate $W/costs.json --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
     cp $W/costs.* "$OUT/" 2>/dev/null ;;
-pack) pack_inductor ;;   # the cache the stages above left (a next session carries it: device_call.sh)
+pack) pack_inductor "${FIRST:-0}" ;;   # the cache the stages above left (a next session carries it: device_call.sh)
 *) echo "stage: tests | batch1 | conc | costs | pack" >&2; exit 2 ;;
 esac
 echo "stage $1 done after $(( $(date +%s) - START ))s"
