@@ -106,7 +106,8 @@ class StepResult:
 class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
-                 fast_greedy: bool = True, compile: bool = False, prefill_graphs: bool = False):
+                 fast_greedy: bool = True, compile: bool = False, prefill_graphs: bool = False,
+                 compile_prefill: bool = True):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -173,9 +174,11 @@ class BatchDecoder:
         # The captured prefills compile too, once each with a symbolic width (every power-of-two
         # width shares the compile; the graphs are still one per width): uncompiled, a captured
         # prefill of one short prompt is ~1,000 small kernels, ~4.3 ms of GPU time on an H200,
-        # what a request that joins costs every row in flight (benchmarks/results/h200_s23/).
+        # what a request that joins costs every row in flight (benchmarks/results/h200_s23/). The two
+        # compiles are the likely bulk of an H200 start's 360 s cold (benchmarks/results/h200_s25/):
+        # compile_prefill False trades the shorter first token for a faster start.
         self._prefill_fns = (self._prefill_target, self._prefill_drafter)
-        if self.compiled and prefill_graphs:
+        if self.compiled and prefill_graphs and compile_prefill:
             self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
 
     def set_steps_table(self, steps_by_batch: tuple[tuple[int, int], ...]) -> None:

@@ -103,6 +103,21 @@ def test_compiled_decoder_matches_eager(models):
     assert counters["stats"]["unique_graphs"] == compiled
 
 
+def test_compile_prefill_off_compiles_no_prefill(models):
+    """`compile_prefill` False (a faster start) with compile and `prefill_graphs`: a prompt's padded
+    prefill, the path a captured one takes, runs uncompiled (nothing new for dynamo) and gives
+    the same first token and draft state as an engine without compile."""
+    from torch._dynamo.utils import counters
+    target, drafter, prompt = models["target"], models["drafters"]["fitted"], models["prompts"][1]
+    engines = [BatchDecoder(target, drafter, SpecConfig(steps=3), max_batch=1, max_context=512, prefill_graphs=True,
+                            **flags) for flags in ({"compile": True, "compile_prefill": False}, {})]
+    before = counters["stats"]["unique_graphs"]
+    firsts = [dec.prefill(0, prompt, greedy()) for dec in engines]
+    assert counters["stats"]["unique_graphs"] == before
+    assert firsts[0] == firsts[1]
+    assert torch.equal(engines[0].draft_logits, engines[1].draft_logits)
+
+
 def test_device_side_steps_trace_as_one_graph(models):
     """torch.compile sees a whole plain step, a whole 3-step chain cycle (drafts, verify,
     accept, extend) and a whole tree cycle as one graph: no graph breaks, so nothing in them falls back to eager."""
