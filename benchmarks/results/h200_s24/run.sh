@@ -11,7 +11,8 @@
 #       cost model validated against batch1's chat sweep
 #   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT, four pieces from FIRST (default 0)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
-# the tests' -k expression (default "not compiled or deferred").
+# the tests' -k expression (default "not compiled or deferred"); NO_COMPILE_PREFILL=1 captures the sweeps' prefills
+# uncompiled (session 26 on).
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
 # live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
 # next call and later stages reuse earlier compiles.
@@ -24,7 +25,8 @@ D=shipped/smollm2/drafter
 sweep() {  # name, args...
     local name=$1; shift
     run 585 python3 -m benchmarks.batch_sweep --model $T --draft $D --compile --device cuda --dtype bfloat16 \
-        --resume --out $W/$name.json --max-tokens 256 --prefill-graphs --repeats "${REPEATS:-1}" "$@" 2>&1 \
+        --resume --out $W/$name.json --max-tokens 256 --prefill-graphs --repeats "${REPEATS:-1}" \
+        ${NO_COMPILE_PREFILL:+--no-compile-prefill} "$@" 2>&1 \
         | grep -v Warning | tee -a "$OUT/$name.log"
     cp $W/$name.* "$OUT/" 2>/dev/null
 }
