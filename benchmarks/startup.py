@@ -7,6 +7,8 @@ cache in TORCHINDUCTOR_CACHE_DIR does): it builds the native engine as the serve
 batch size up to --max-batch with the steps table in force), times it, then at once, with no
 warm-up, serves the prompts at each --concurrency (benchmarks/engine_load.py) and reports the
 longest gap between two deltas of one request: a compile or capture inside serving shows there.
+Each start also reports its seconds in torch.compile's phases (dynamo's tracing, the backend or
+inductor's cache): a warm start's rest is loading, graph capture and warm-up runs.
 --no-compile starts eager steps instead (the server's default), whose graphs are captured then.
 Without --model, a random pair of --shape (benchmarks/shapes.py) is built on the device in place
 of loading one, and random prompts run to --max-tokens: compile and capture cost the same.
@@ -53,6 +55,7 @@ def child(args) -> dict:
     engine = build_engine(eargs, loaded)
     engine.start_blocking()
     ready = time.perf_counter() - t0
+    compile_s = compile_seconds()
     n = max(args.concurrency) * 2
     prompts = load_prompts(args.prompts, engine.tokenizer, n) if args.model else \
         torch.randint(0, target.config.vocab_size, (n, 128), generator=torch.Generator().manual_seed(0)).tolist()
@@ -63,7 +66,16 @@ def child(args) -> dict:
                       "accept_length": r.accept_length})
         print(f"c={c}: max gap {r.max_gap_s * 1000:.0f} ms, {r.throughput:.1f} tok/s", flush=True)
     engine.stop_blocking()
-    return {"import_s": imported, "ready_s": ready, "loads": loads}
+    return {"import_s": imported, "ready_s": ready, "compile_s": compile_s, "loads": loads}
+
+
+def compile_seconds() -> dict[str, float]:
+    """Seconds this process spent in each of torch.compile's timed phases so far (dynamo's
+    tracing, the backend, inductor's codegen or its cache): what a warm start still pays, and
+    what of ready_s is neither (loading, graph capture, warm-up runs)."""
+    from torch._dynamo.utils import compile_times
+    headers, rows = compile_times(repr="csv", aggregate=True)
+    return {name: round(float(value), 3) for name, value in zip(headers, rows)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -104,13 +116,18 @@ def main(argv: list[str] | None = None) -> dict:
             raise RuntimeError(f"{kind} start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                                f"{proc.stderr[-3000:]}")
         starts[kind] = {**json.loads(line[7:]), "process_s": wall}
-        print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s", flush=True)
+        c = starts[kind]["compile_s"]
+        print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s "
+              f"(compiling {c.get('_compile.compile_inner', 0):.1f} s: "
+              f"dynamo's tracing {c.get('bytecode_tracing', 0):.1f} s, the backend "
+              f"{c.get('OutputGraph.call_user_compiler', 0):.1f} s)", flush=True)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
               "provenance": provenance(argv)}
     if args.out:
-        rows = [[kind, round(s["ready_s"], 1)] + [round(x["max_gap_ms"]) for x in s["loads"]]
-                for kind, s in starts.items()]
-        table = md_table(["start", "engine ready s"] + [f"max gap ms, c={c}" for c in args.concurrency], rows)
+        rows = [[kind, round(s["ready_s"], 1), round(s["compile_s"].get("_compile.compile_inner", 0), 1)]
+                + [round(x["max_gap_ms"]) for x in s["loads"]] for kind, s in starts.items()]
+        table = md_table(["start", "engine ready s", "of which compiling s"]
+                         + [f"max gap ms, c={c}" for c in args.concurrency], rows)
         title = f"# Start-up {'without' if args.no_compile else 'with'} compile"
         write_result(Path(args.out), result, f"{title}\n\n`{result['provenance']['command']}`\n\n{table}")
     return result
