@@ -47,7 +47,8 @@ def child(args) -> dict:
     eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=args.draft,
                              spec=spec if args.draft else None, device=args.device, dtype=args.dtype,
                              max_batch=args.max_batch, max_context=args.max_context, compile=not args.no_compile,
-                             compile_max_batch=args.max_batch)
+                             compile_max_batch=args.max_batch, prefill_graphs=args.prefill_graphs,
+                             compile_prefill=args.compile_prefill)
     loaded = None
     if not args.model:
         target, drafter, device = random_pair(args.shape, args.device, args.dtype)
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-compile", action="store_true",
                     help="eager steps: on GPU their CUDA graphs are captured on first use, after ready")
+    ap.add_argument("--prefill-graphs", action="store_true", help="capture short prompts' prefills (compiled too)")
+    ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
+                    help="with --prefill-graphs: capture them uncompiled")
     ap.add_argument("--cache-dir", required=True, help="TORCHINDUCTOR_CACHE_DIR (emptied for the cold start)")
     ap.add_argument("--out", help="JSON to write (.md beside it)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from models.q4_linear import Q4Linear
 
@@ -136,8 +137,12 @@ class Linear(nn.Linear):
         if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
+        # A row count that is symbolic under torch.compile (a prefill's width, a dynamic batch) takes
+        # F.linear: testing it against the set would specialize the compile to each count (a compile
+        # per prefill width). guard_or_false decides without a guard, so it is False for those.
+        rows = x.numel() // self.in_features
         if (self.cpu_few_rows and x.device.type == "cpu" and x.dtype == torch.float32
-                and x.numel() // self.in_features in self.cpu_few_rows):
+                and guard_or_false(rows <= CPU_FEW_ROWS) and rows in self.cpu_few_rows):
             return few_rows_cpu(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
