@@ -5,13 +5,16 @@ prompts go through the chat template; raw prompts (`{"prompt": ...}`) are contin
 
 Accept length = completion_tokens / verify_steps (bonus token included, DESIGN §2);
 per-position acceptance[i] = verify steps whose i-th draft token was accepted / verify steps.
+Prompts with a "category" (the held-out chat set's MT-bench categories) get an accept length
+per category too, as EAGLE and SpecForge report MT-bench.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +38,7 @@ class EvalResult:
     accept_length: float
     accept_rate: float
     per_position: list[float]
+    by_category: dict[str, float] = field(default_factory=dict)   # accept length per prompt category
 
 
 def _prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
@@ -72,7 +76,8 @@ async def greedy_replies(engine, prompts: list[list[dict] | str], max_tokens: in
     return await asyncio.gather(*(one(m) for m in prompts))
 
 
-async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: int) -> EvalResult:
+async def _eval_one(args, loaded, prompts: list[list[dict] | str], categories: list[str | None],
+                    max_tokens: int) -> EvalResult:
     """One setting (a chain or a tree): an engine over the already loaded models, every prompt at once."""
     from engine.loading import build_engine
 
@@ -90,6 +95,11 @@ async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: i
     proposed = sum(o.spec.proposed_draft_tokens for o in outs)
     accepted = sum(o.spec.accepted_draft_tokens for o in outs)
     per_pos = [0] * steps
+    by_category = defaultdict(lambda: [0, 0])   # category -> [completion tokens, verify steps]
+    for o, c in zip(outs, categories):
+        if c is not None:
+            by_category[c][0] += o.completion_tokens
+            by_category[c][1] += o.spec.verify_steps
     for o in outs:
         for i, n in enumerate(o.spec.accepted_per_position[:steps]):
             per_pos[i] += n
@@ -97,7 +107,8 @@ async def _eval_one(args, loaded, prompts: list[list[dict] | str], max_tokens: i
                       completion_tokens=completion,
                       verify_steps=verify, accept_length=round(completion / verify, 4) if verify else 0.0,
                       accept_rate=round(accepted / proposed, 4) if proposed else 0.0,
-                      per_position=[round(n / verify, 4) if verify else 0.0 for n in per_pos])
+                      per_position=[round(n / verify, 4) if verify else 0.0 for n in per_pos],
+                      by_category={c: round(t / v, 4) if v else 0.0 for c, (t, v) in sorted(by_category.items())})
 
 
 def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list[SpecConfig], *, max_tokens: int = 256,
@@ -106,15 +117,16 @@ def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list[Spec
     """One result per drafter and SpecConfig of `specs` (chains and trees)."""
     from engine.loading import LoadedModels, NativeEngineArgs
 
-    prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt()
-               for c in read_prompts(prompts_file, limit)]
+    convs = list(read_prompts(prompts_file, limit))
+    prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt() for c in convs]
     results = []
     for d in drafts:  # each drafter loads once; each setting gets a fresh engine over it
         args = [NativeEngineArgs(model=target, draft=d, spec=spec, device=device, dtype=dtype,
                                  max_batch=min(max_batch, len(prompts)),  # the KV cache: max_batch rows
                                  max_context=max_context, max_waiting=1 << 30) for spec in specs]
         loaded = LoadedModels.load(args[0])
-        results += [asyncio.run(_eval_one(a, loaded, prompts, max_tokens)) for a in args]
+        results += [asyncio.run(_eval_one(a, loaded, prompts, [c.category for c in convs], max_tokens))
+                    for a in args]
     return results
 
 
@@ -128,6 +140,10 @@ def table(results: list[EvalResult]) -> str:
         pos = "  ".join(f"{p:6.3f}" for p in r.per_position)
         name = Path(r.draft).name
         lines.append(f"{name:<{name_w}}  {r.setting:>8}  {r.accept_length:10.3f}  {r.accept_rate:11.3f}  {pos}")
+    categories = sorted({c for r in results for c in r.by_category})
+    if categories:   # accept length per category: one row per category, one column per result
+        lines += ["", f"{'category':<12}  " + "  ".join(f"{r.setting:>8}" for r in results)]
+        lines += [f"{c:<12}  " + "  ".join(f"{r.by_category.get(c, 0.0):8.3f}" for r in results) for c in categories]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ JSONL of chat messages (`{"messages": [{"role": "user", "content": ...}]}`), or 
 streamed line by line so a million-line file costs no memory."""
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 from dataclasses import dataclass
@@ -19,13 +20,14 @@ class Conversation:
     id: str
     messages: list[dict]   # {"role": system|user|assistant, "content": str}
     raw_prompt: str | None = None   # a completion-style prompt (then `messages` is empty)
+    category: str | None = None     # a record's "category" (held-out sets: MT-bench's, for per-category results)
 
     @property
     def user_turns(self) -> int:
         return sum(m["role"] == "user" for m in self.messages)
 
     def without_system(self) -> "Conversation":
-        return Conversation(self.id, [m for m in self.messages if m["role"] != "system"], self.raw_prompt)
+        return dataclasses.replace(self, messages=[m for m in self.messages if m["role"] != "system"])
 
     def first_prompt(self) -> list[dict]:
         """The messages up to and including the first user turn (what eval sends)."""
@@ -36,10 +38,14 @@ class Conversation:
 
 
 def parse_record(rec: dict, fallback_id: str) -> Conversation:
+    category = rec.get("category")
+    if category is not None and not isinstance(category, str):
+        raise ValueError(f"a category must be a string, got {type(category).__name__}")
     if "prompt" in rec and "conversations" not in rec and "messages" not in rec:
         if not isinstance(rec["prompt"], str):
             raise ValueError(f"a raw prompt must be a string, got {type(rec['prompt']).__name__}")
-        return Conversation(id=str(rec.get("id", fallback_id)), messages=[], raw_prompt=rec["prompt"])
+        return Conversation(id=str(rec.get("id", fallback_id)), messages=[], raw_prompt=rec["prompt"],
+                            category=category)
     if "conversations" in rec:
         raw = [(t.get("from") or t.get("role"), t.get("value", t.get("content"))) for t in rec["conversations"]]
     elif "messages" in rec:
@@ -56,7 +62,7 @@ def parse_record(rec: dict, fallback_id: str) -> Conversation:
         if r == "assistant" and not any(m["role"] == "user" for m in msgs):
             continue  # an assistant turn before any user turn has no prompt
         msgs.append({"role": r, "content": content})
-    return Conversation(id=str(rec.get("id", fallback_id)), messages=msgs)
+    return Conversation(id=str(rec.get("id", fallback_id)), messages=msgs, category=category)
 
 
 def read_prompts(path: str | Path, limit: int = 0) -> Iterator[Conversation]:

@@ -196,9 +196,11 @@ def test_raw_record_endpoint_regeneration_to_shards(tiny):
 
 def test_eval_continues_raw_prompts_without_the_template(tiny, tmp_path):
     """The drafter was fitted on the target's raw continuations of these prompts: accepted as raw
-    prompts, it predicts well; the same texts wrapped in the chat template are other contexts."""
+    prompts, it predicts well; the same texts wrapped in the chat template are other contexts.
+    Records with a "category" also get an accept length per category."""
     raw, chat = tmp_path / "raw.jsonl", tmp_path / "chat.jsonl"
-    raw.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in h.COMPLETION_PROMPTS))
+    raw.write_text("".join(json.dumps({"prompt": p, "category": "ab"[i % 2]}) + "\n"
+                           for i, p in enumerate(h.COMPLETION_PROMPTS)))
     chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n"
                             for p in h.COMPLETION_PROMPTS))
     kw = dict(max_tokens=h.MAX_TOKENS, device="cpu", max_batch=4)
@@ -206,6 +208,9 @@ def test_eval_continues_raw_prompts_without_the_template(tiny, tmp_path):
     [as_chat] = evaluate(str(tiny.target), [str(tiny.draft)], str(chat), [SpecConfig(steps=3)], **kw)
     assert as_raw.prompts == len(h.COMPLETION_PROMPTS)
     assert as_raw.accept_length > 2.0 and as_raw.accept_length > as_chat.accept_length + 0.5
+    # per category (records' "category"): the overall figure lies between the two groups'
+    assert set(as_raw.by_category) == {"a", "b"} and as_chat.by_category == {}
+    assert min(as_raw.by_category.values()) <= as_raw.accept_length <= max(as_raw.by_category.values())
 
 
 # --- `drafter prompts` end to end -------------------------------------------------------------------
