@@ -97,12 +97,11 @@ async def _eval_one(args, loaded, prompts: list[list[dict] | str], categories: l
     per_pos = [0] * steps
     by_category = defaultdict(lambda: [0, 0])   # category -> [completion tokens, verify steps]
     for o, c in zip(outs, categories):
+        for i, n in enumerate(o.spec.accepted_per_position[:steps]):
+            per_pos[i] += n
         if c is not None:
             by_category[c][0] += o.completion_tokens
             by_category[c][1] += o.spec.verify_steps
-    for o in outs:
-        for i, n in enumerate(o.spec.accepted_per_position[:steps]):
-            per_pos[i] += n
     return EvalResult(draft=str(draft), steps=steps, setting=args.spec.label, prompts=len(prompts),
                       completion_tokens=completion,
                       verify_steps=verify, accept_length=round(completion / verify, 4) if verify else 0.0,
