@@ -177,7 +177,7 @@ class NativeConfig:
                                                           "up to 8 one prompt at a time (padded to a power of "
                                                           "two; on CPU it only pads)")
     compile_prefill: StrictBool = Field(True, description="with compile and prefill_graphs: compile the captured "
-                                                          "prefills too (a shorter time to first token; two more "
-                                                          "compiles before serving)")
+                                                          "prefills too (a shorter time to first token; one more "
+                                                          "compile each for the target and the drafter at start)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")
