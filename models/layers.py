@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from models.q4_linear import Q4Linear
 
@@ -127,7 +126,7 @@ class Linear(nn.Linear):
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
     blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
     benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
-    multi-token calls use F.linear, except float32 row counts on CPU where `few_rows_cpu` was
+    multi-token calls use F.linear, except eager float32 row counts on CPU where `few_rows_cpu` was
     measured faster on this processor (models/cpu_products.py; the engine sets it at load).
     """
     gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side
@@ -137,12 +136,11 @@ class Linear(nn.Linear):
         if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
-        # A row count that is symbolic under torch.compile (a prefill's width, a dynamic batch) takes
-        # F.linear: testing it against the set would specialize the compile to each count (a compile
-        # per prefill width). guard_or_false decides without a guard, so it is False for those.
-        rows = x.numel() // self.in_features
+        # Eager only: under torch.compile the row count may be symbolic (a prefill's width, a dynamic
+        # batch), and testing it against the set would specialize the compile to each count (a compile
+        # per prefill width or batch size); inductor chooses its own CPU product there.
         if (self.cpu_few_rows and x.device.type == "cpu" and x.dtype == torch.float32
-                and guard_or_false(rows <= CPU_FEW_ROWS) and rows in self.cpu_few_rows):
+                and not torch.compiler.is_compiling() and x.numel() // self.in_features in self.cpu_few_rows):
             return few_rows_cpu(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

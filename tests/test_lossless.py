@@ -118,20 +118,24 @@ def test_compile_prefill_off_compiles_no_prefill(models):
     assert torch.equal(engines[0].draft_logits, engines[1].draft_logits)
 
 
-def test_compiled_prefill_compiles_once_for_every_width(models, monkeypatch):
-    """The compiled captured prefill has a symbolic width: prompts of widths 16, 32 and 64 share one
-    compile, also where CPU float32 row counts take few_rows_cpu (Linear.cpu_few_rows, set at load
-    on such processors), whose test of the row count once specialized the compile to each width."""
+def test_compiled_shapes_compile_once_for_every_width_and_batch(models, monkeypatch):
+    """A compiled engine compiles its captured prefill once for every power-of-two width and its
+    step twice (batch 1, then one dynamic batch for 2-4 rows), also where CPU float32 row counts
+    take few_rows_cpu in eager steps (Linear.cpu_few_rows, set at load on such processors): its
+    test of the row count once specialized the compiles to each width and batch size."""
     from torch._dynamo.utils import counters
 
     from models.layers import Linear
     monkeypatch.setattr(Linear, "cpu_few_rows", frozenset(range(1, 9)))
-    dec = BatchDecoder(models["target"], None, None, max_batch=1, max_context=512, compile=True, prefill_graphs=True)
+    prompts = [(models["prompts"][1] * 8)[:n] for n in (10, 20, 40)]
+    eager = BatchDecoder(models["target"], None, None, max_batch=4, max_context=512, prefill_graphs=True)
+    firsts = [eager.prefill(0, p, greedy()) for p in prompts]   # before `dec` takes the target's caches
+    dec = BatchDecoder(models["target"], None, None, max_batch=4, max_context=512, compile=True, prefill_graphs=True)
     before = counters["stats"]["unique_graphs"]
-    firsts = [dec.prefill(0, (models["prompts"][1] * 8)[:n], greedy()) for n in (10, 20, 40)]
-    assert counters["stats"]["unique_graphs"] == before + 1
-    eager = BatchDecoder(models["target"], None, None, max_batch=1, max_context=512, prefill_graphs=True)
-    assert firsts == [eager.prefill(0, (models["prompts"][1] * 8)[:n], greedy()) for n in (10, 20, 40)]
+    dec.warm_up(4)   # prefill widths 16..256, then batch sizes 1, 2 and 4 at every span
+    assert counters["stats"]["unique_graphs"] == before + 3
+    assert [dec.prefill(0, p, greedy()) for p in prompts] == firsts
+    assert counters["stats"]["unique_graphs"] == before + 3
 
 
 def test_device_side_steps_trace_as_one_graph(models):
