@@ -175,8 +175,9 @@ class BatchDecoder:
         # width shares the compile; the graphs are still one per width): uncompiled, a captured
         # prefill of one short prompt is ~1,000 small kernels, ~4.3 ms of GPU time on an H200,
         # what a request that joins costs every row in flight (benchmarks/results/h200_s23/). The two
-        # compiles are the likely bulk of an H200 start's 360 s cold (benchmarks/results/h200_s25/):
-        # compile_prefill False trades the shorter first token for a faster start.
+        # compiles are a large part of a compiled start (SmolLM2 on CPU: 61 of 143 s cold,
+        # benchmarks/results/startup/): compile_prefill False trades the shorter first token for a
+        # faster start.
         self._prefill_fns = (self._prefill_target, self._prefill_drafter)
         if self.compiled and prefill_graphs and compile_prefill:
             self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
