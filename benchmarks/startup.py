@@ -70,6 +70,9 @@ def child(args) -> dict:
     return {"import_s": imported, "ready_s": ready, "compile_s": compile_s, "loads": loads}
 
 
+COMPILING = "_compile.compile_inner"   # compile_times' total: dynamo's tracing plus the backend
+
+
 def compile_seconds() -> dict[str, float]:
     """Seconds this process spent in each of torch.compile's timed phases so far (dynamo's
     tracing, the backend, inductor's codegen or its cache): what a warm start still pays, and
@@ -122,13 +125,13 @@ def main(argv: list[str] | None = None) -> dict:
         starts[kind] = {**json.loads(line[7:]), "process_s": wall}
         c = starts[kind]["compile_s"]
         print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s "
-              f"(compiling {c.get('_compile.compile_inner', 0):.1f} s: "
+              f"(compiling {c.get(COMPILING, 0):.1f} s: "
               f"dynamo's tracing {c.get('bytecode_tracing', 0):.1f} s, the backend "
               f"{c.get('OutputGraph.call_user_compiler', 0):.1f} s)", flush=True)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
               "provenance": provenance(argv)}
     if args.out:
-        rows = [[kind, round(s["ready_s"], 1), round(s["compile_s"].get("_compile.compile_inner", 0), 1)]
+        rows = [[kind, round(s["ready_s"], 1), round(s["compile_s"].get(COMPILING, 0), 1)]
                 + [round(x["max_gap_ms"]) for x in s["loads"]] for kind, s in starts.items()]
         table = md_table(["start", "engine ready s", "of which compiling s"]
                          + [f"max gap ms, c={c}" for c in args.concurrency], rows)

@@ -118,14 +118,14 @@ def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list[Spec
 
     convs = list(read_prompts(prompts_file, limit))
     prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt() for c in convs]
+    categories = [c.category for c in convs]
     results = []
     for d in drafts:  # each drafter loads once; each setting gets a fresh engine over it
         args = [NativeEngineArgs(model=target, draft=d, spec=spec, device=device, dtype=dtype,
                                  max_batch=min(max_batch, len(prompts)),  # the KV cache: max_batch rows
                                  max_context=max_context, max_waiting=1 << 30) for spec in specs]
         loaded = LoadedModels.load(args[0])
-        results += [asyncio.run(_eval_one(a, loaded, prompts, [c.category for c in convs], max_tokens))
-                    for a in args]
+        results += [asyncio.run(_eval_one(a, loaded, prompts, categories, max_tokens)) for a in args]
     return results
 
 
