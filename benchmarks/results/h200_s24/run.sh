@@ -10,6 +10,9 @@
 #   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
 #       cost model validated against batch1's chat sweep
 #   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT, four pieces from FIRST (default 0)
+#   bash benchmarks/results/h200_s24/run.sh startup  # benchmarks.startup, cold then warm, up to MAX_BATCH (default
+#       32) rows: plain decoding, or with DRAFT=1 (carries the drafter) chain STEPS (default 4); its cache is
+#       CACHE (default $W/startup_inductor, emptied first; $W/inductor warms the sweeps' plain compile) (session 26 on)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
 # the tests' -k expression (default "not compiled or deferred"); NO_COMPILE_PREFILL=1 captures the sweeps' prefills
 # uncompiled (session 26 on).
@@ -47,7 +50,14 @@ costs)
     [ -f $W/batch1_chat.json ] && [ -f $W/costs.json ] && run 60 python3 -m benchmarks.cost_model \
         --sweep $W/batch1_chat.json --validate $W/costs.json --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
     cp $W/costs.* "$OUT/" 2>/dev/null ;;
+startup)
+    name=startup_${DRAFT:+chain${STEPS:-4}_}b${MAX_BATCH:-32}${NO_COMPILE_PREFILL:+_eager_prefill}
+    run 585 python3 -m benchmarks.startup --model $T ${DRAFT:+--draft $D --steps ${STEPS:-4}} \
+        --max-batch "${MAX_BATCH:-32}" --prefill-graphs ${NO_COMPILE_PREFILL:+--no-compile-prefill} \
+        --concurrency 1,2,16,32 --cache-dir "${CACHE:-$W/startup_inductor}" --out $W/$name.json 2>&1 \
+        | grep -v Warning | tee -a "$OUT/$name.log"
+    cp $W/$name.* "$OUT/" 2>/dev/null ;;
 pack) pack_inductor "${FIRST:-0}" ;;   # the cache the stages above left (a next session carries it: device_call.sh)
-*) echo "stage: tests | batch1 | conc | costs | pack" >&2; exit 2 ;;
+*) echo "stage: tests | batch1 | conc | costs | pack | startup" >&2; exit 2 ;;
 esac
 echo "stage $1 done after $(( $(date +%s) - START ))s"
