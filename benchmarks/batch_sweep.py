@@ -211,6 +211,7 @@ def run(args) -> dict:
         base = plain_at[(r["setting"] in later, r["concurrency"])]
         r["x_plain_throughput"] = r["throughput"] / base["throughput"]
         r["x_plain_request"] = r["request_tok_s"] / base["request_tok_s"] if base["request_tok_s"] else None
+        r["x_plain_decode"] = r["decode_tok_s"] / base["decode_tok_s"] if base.get("decode_tok_s") else None
     at1 = [r for r in rows if r["concurrency"] == min(args.concurrency)]
     best1 = max(at1, key=lambda r: r["throughput"])
     dtype = str(loaded.target.embed_tokens.weight.dtype).removeprefix("torch.")
@@ -230,13 +231,14 @@ def run(args) -> dict:
 
 def markdown(result: dict) -> str:
     cols = ["setting", "concurrency", "throughput tok/s", "x plain", "per-request tok/s", "x plain (request)",
-            "accept length", "TTFT ms (median)", "max gap ms", "mismatches"]
+            "x plain (decode)", "accept length", "TTFT ms (median)", "max gap ms", "mismatches"]
     def throughput(r: dict) -> str:   # the median run, and the range of the runs where there were several
         runs = r.get("throughput_runs", [])
         return f"{r['throughput']:.1f}" + (f" ({min(runs):.0f}-{max(runs):.0f})" if len(runs) > 1 else "")
 
     body = [[r["setting"], r["concurrency"], throughput(r), f"{r['x_plain_throughput']:.2f}x",
              round(r["request_tok_s"], 1), f"{r['x_plain_request']:.2f}x" if r["x_plain_request"] else None,
+             f"{r['x_plain_decode']:.2f}x" if r.get("x_plain_decode") else None,
              round(r["accept_length"], 2), round(r["ttft_s"] * 1000, 1) if "ttft_s" in r else None,
              round(r["max_gap_s"] * 1000), r["mismatches"]]
             for r in result["rows"] + result["table_rows"]]

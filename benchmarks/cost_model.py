@@ -47,6 +47,7 @@ class Costs:
     overhead_ms: float
     measured_cycle_ms: dict[int, float] | None = None
     device: str = ""
+    compiled: bool = False  # engine steps compiled; the parts (verify, drafter) were not: use the cycle
 
     @classmethod
     def load(cls, path: str | Path) -> "Costs":
@@ -55,7 +56,11 @@ class Costs:
         return cls(name=d.get("name", Path(path).stem), verify_ms=ints(d["verify_ms"]),
                    draft_step_ms=d["draft_step_ms"], extend_ms=ints(d["extend_ms"]), decode_ms=d["decode_ms"],
                    overhead_ms=d["overhead_ms"], measured_cycle_ms=ints(d.get("cycle_ms")) or None,
-                   device=d.get("device", ""))
+                   device=d.get("device", ""), compiled=d.get("compile", False))
+
+    def sources(self) -> list[str]:
+        """The cost sources that describe these costs: the parts only where they ran as the steps did."""
+        return ([] if self.compiled else ["parts"]) + (["cycle"] if self.measured_cycle_ms else [])
 
     def cycle_ms(self, steps: int, source: str = "parts") -> float | None:
         if source == "cycle":
@@ -69,13 +74,18 @@ class Costs:
 def batch_one(sweep: dict) -> dict:
     """A step sweep in the model's terms (batch 1, a row per setting). benchmarks/batch_sweep.py
     rows (one per setting and concurrency) become those of its smallest concurrency, with the
-    per-request decode rate as tok_s; older sweeps (benchmarks/results/step_sweep/) pass as they are."""
+    summed decode rate as tok_s (decode_tok_s: every reply's tokens after its first over its
+    seconds after it, the rate a(S) / cycle(S) predicts, a(S) being such a sum too); sweeps
+    before session 26 have only the median reply's rate, which is not that rate where acceptance
+    varies from reply to reply. Older sweeps (benchmarks/results/step_sweep/) pass as they are."""
     rows = sweep["rows"]
     if not rows or "concurrency" not in rows[0]:
         return sweep
     c = min(r["concurrency"] for r in rows)
-    return {**sweep, "rows": [{**r, "topk": r.get("topk", 1 if r["steps"] else 0), "tok_s": r["request_tok_s"],
-                               "speedup": r["x_plain_request"]} for r in rows if r["concurrency"] == c]}
+    rate, ratio = ("decode_tok_s", "x_plain_decode") if "decode_tok_s" in rows[0] else \
+        ("request_tok_s", "x_plain_request")
+    return {**sweep, "rows": [{**r, "topk": r.get("topk", 1 if r["steps"] else 0), "tok_s": r[rate],
+                               "speedup": r[ratio]} for r in rows if r["concurrency"] == c]}
 
 
 def acceptance_curve(sweep: dict) -> dict[int, float]:
@@ -119,9 +129,6 @@ def validate(costs: Costs, sweep: dict, source: str = "parts", reply: float | No
     worst = max((abs(r["error_pct"]) for r in rows), default=None)
     return {"costs": costs.name, "source": source, "reply_tokens": reply, "rows": rows, "max_abs_error_pct": worst,
             "within_tolerance": worst is not None and worst <= 100 * TOLERANCE}
-
-
-SOURCES = ("parts", "cycle")
 
 
 def markdown(result: dict) -> str:
@@ -202,11 +209,10 @@ def main(argv: list[str] | None = None) -> dict:
     result["validations"], result["predictions"] = [], []
     if args.validate:
         c = Costs.load(args.validate)
-        result["validations"] = [validate(c, sweep, src, reply) for src in SOURCES
-                                 if src == "parts" or c.measured_cycle_ms]
+        result["validations"] = [validate(c, sweep, src, reply) for src in c.sources()]
     for path in args.predict:
         c = Costs.load(path)
-        for src in SOURCES:
+        for src in c.sources():
             rows = predict(c, accept, src, reply)
             if rows:
                 result["predictions"].append({"label": "PREDICTION", "costs": c.name, "device": c.device,

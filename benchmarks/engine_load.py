@@ -30,6 +30,7 @@ class LoadResult:
     output_tokens: int
     throughput: float               # new tokens / s, all requests
     request_tok_s: float            # median over requests of tokens after the first delta / seconds after it
+    decode_tok_s: float             # those tokens summed over those seconds summed: the rate a(S) / cycle(S) predicts
     accept_length: float            # completion tokens / verify steps (1.0 without speculation)
     tokens_per_step: float          # tokens after each reply's first / verify steps (what the cost model needs)
     decode_tokens_per_reply: float  # mean tokens after the first (each reply also pays the step launched past it)
@@ -52,7 +53,7 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, detokenize=detokenize)
     gate = asyncio.Semaphore(concurrency)
     replies = [GenerationOutput() for _ in prompts]
-    rates, gaps, ttfts = [], [0.0], []
+    spans, gaps, ttfts = [], [0.0], []  # spans: (tokens after a reply's first delta, seconds after it)
 
     async def one(i: int, prompt: list[int]) -> None:
         async with gate:
@@ -71,7 +72,7 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
             # Tokens after the first delta over the time after it: a first delta read late holds
             # more than the prefill's token, and those were not decoded in the timed span.
             if len(replies[i].token_ids) > at_first and last > first:
-                rates.append((len(replies[i].token_ids) - at_first) / (last - first))
+                spans.append((len(replies[i].token_ids) - at_first, last - first))
 
     dec = engine.decoder
     collected, waited, host = dec.collected, dec.collect_wait_s, engine.host_s.copy()
@@ -86,7 +87,10 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     wait = (dec.collect_wait_s - waited) * per_step
     phases = {k: (engine.host_s[k] - host[k]) * per_step for k in ("admit", "step", "apply", "flush")}
     # The engine's convention (SpecStats.accept_length): completion tokens / verify steps.
-    return LoadResult(concurrency, wall, total, total / wall, statistics.median(rates) if rates else 0.0,
+    median_rate = statistics.median(n / s for n, s in spans) if spans else 0.0
+    decode_s = sum(s for _, s in spans)
+    return LoadResult(concurrency, wall, total, total / wall, median_rate,
+                      sum(n for n, _ in spans) / decode_s if decode_s else 0.0,
                       total / steps if dec.spec and steps else 1.0,
                       sum(decoded) / steps if steps else 0.0, statistics.mean(decoded), max(gaps),
                       statistics.median(ttfts) if ttfts else 0.0, wait, phases, replies)

@@ -10,6 +10,7 @@ context length:
   decode_ms      one plain engine step (no speculation), host loop included: the baseline
   cycle_ms[S]    one whole engine chain step, host loop included (its shapes are fixed, so
                  its cost does not depend on acceptance: random drafters are fine)
+                 Both engine steps run as the loop runs them: launched ahead of the host's read.
   overhead_ms    cycle_ms[S0] minus its parts (S0 = --ref-steps), the model's constant
 On GPU each part is captured as a CUDA graph and replayed (as the engine runs it); on CPU it
 runs eagerly. Cache writes land beyond the committed length, so repeated runs are harmless.
@@ -36,29 +37,39 @@ from engine.sampling import BatchSampling
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "costs"
+# Engine steps timed back to back in a round. Timed one at a time with a sync each (sessions
+# 16-26), a 5-step cycle on the H200 cost 7% more than in the loop (benchmarks/results/h200_s24/).
+PIPELINE = 8
 
 
 def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, max_context: int,
                    compile: bool = False) -> float:
-    """One engine step as the decode loop pays it (graph replay + host read), at a fixed context."""
+    """One engine step as the decode loop pays it (graph replay + host read), at a fixed context:
+    rounds of PIPELINE steps, each launched before the previous one is read, as the engine's loop
+    does (engine/scheduler.py), so the host's read and launch of a step overlap the device's
+    work on the next; a round's time over PIPELINE is a step."""
     dec = BatchDecoder(target, drafter, spec, 1, max_context, compile=compile)
-    s = BatchSampling.all_greedy_rows(1, dec.device)
-    dec.prefill(0, prompt, s)
+    dec.prefill(0, prompt, BatchSampling.all_greedy_rows(1, dec.device))
     ctx = dec.lens[0]
 
-    def step():
-        dec.lens[0] = ctx  # rewind: every step writes the same positions, the span never changes
-        dec.step(1, s)
+    def round_():
+        dec.lens[0] = ctx  # rewind: every round writes the same positions, its spans do not change
+        current = dec.launch(1)
+        for _ in range(PIPELINE - 1):
+            after = dec.launch(1)
+            dec.collect(current)
+            current = after
+        dec.collect(current)
 
     for _ in range(3):
-        step()
+        round_()
     times = []
     for _ in range(iters):
         if dec.device.type == "cuda":
             torch.cuda.synchronize(dec.device)
         t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1000.0)
+        round_()
+        times.append((time.perf_counter() - t0) * 1000.0 / PIPELINE)
     return statistics.median(times)
 
 

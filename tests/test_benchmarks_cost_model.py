@@ -64,3 +64,20 @@ def test_costs_then_model_write_reports(tmp_path):
     assert result["predictions"][0]["label"] == "PREDICTION"
     assert "PREDICTION" in (out / "m.md").read_text()
     assert (out / "m.png").stat().st_size > 0 and json.loads((out / "m.json").read_text())["acceptance"]
+
+
+def test_batch_sweeps_are_read_at_their_summed_decode_rate():
+    # a(S) / cycle(S) predicts every reply's tokens over every reply's seconds, not the median
+    # reply's rate; sweeps before session 26 record only the median.
+    row = {"concurrency": 1, "steps": 3, "request_tok_s": 250.0, "x_plain_request": 1.2,
+           "decode_tok_s": 200.0, "x_plain_decode": 1.3}
+    old = {k: v for k, v in row.items() if "decode" not in k}
+    assert cost_model.batch_one({"rows": [row]})["rows"][0]["speedup"] == 1.3
+    assert cost_model.batch_one({"rows": [old]})["rows"][0]["speedup"] == 1.2
+
+
+def test_compiled_costs_are_read_at_their_whole_cycle():
+    # step_costs --compile compiles the engine's steps but times the parts uncompiled.
+    timed = cost_model.Costs(**{**COSTS.__dict__, "measured_cycle_ms": {3: 2.0}})
+    assert timed.sources() == ["parts", "cycle"]
+    assert cost_model.Costs(**{**timed.__dict__, "compiled": True}).sources() == ["cycle"]
