@@ -317,9 +317,9 @@ def test_sharegpt_prompts_read_a_cut_file_and_keep_nothing_near_a_heldout_prompt
     a non-English one and a repeat are dropped."""
     import gzip
 
-    from shipped.smollm2.data import sharegpt_prompts
+    from shipped.smollm2.data import prompt_file, sharegpt_prompts
 
-    heldout = json.loads((sharegpt_prompts.HELDOUT / "chat.jsonl").read_text().splitlines()[0])
+    heldout = json.loads((prompt_file.HELDOUT / "chat.jsonl").read_text().splitlines()[0])
     held = heldout["messages"][0]["content"]
     sort = "How do I sort a list of dictionaries by a key in Python?"
     convs = [("a_0", [sort, "Now do it in reverse order, please."]),
@@ -335,3 +335,30 @@ def test_sharegpt_prompts_read_a_cut_file_and_keep_nothing_near_a_heldout_prompt
     sharegpt_prompts.main(["--out", str(out), "--file", str(src)])
     kept = [json.loads(line)["messages"][0]["content"] for line in gzip.open(out, "rt")]
     assert kept == [sort, "Now do it in reverse order, please."]
+
+
+def test_instruction_prompts_read_every_source_and_keep_nothing_near_a_heldout_prompt(tmp_path):
+    """shipped/smollm2/data/instruction_prompts.py over a stand-in of the package's task folder:
+    every source is read by its own prompt field, a near repeat of a held-out prompt and a
+    non-English one are dropped."""
+    import gzip
+
+    from shipped.smollm2.data import instruction_prompts, prompt_file
+
+    held = json.loads((prompt_file.HELDOUT / "mtbench.jsonl").read_text().split("\n")[0])["messages"][0]["content"]
+    texts = {"arena_hard": "Write a haiku sequence about the four seasons in a mountain village.",
+             "alpaca_eval": "Explain why the sky is blue to a curious eight-year-old.",
+             "ifeval": "List three uses of baking soda. Answer in exactly three bullet points.",
+             "ifbench": "Describe your ideal weekend\u2028in two short paragraphs.",
+             "writingbench": "请写一篇关于人工智能在教育中应用的文章，要求结构清晰。"}
+    for name, file, field in instruction_prompts.SOURCES:
+        path = tmp_path / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recs = [{field: texts[name]}] + ([{field: held.replace(".", "!")}] if name == "alpaca_eval" else [])
+        path.write_text(json.dumps(recs) if path.suffix == ".json" else
+                        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
+    out = tmp_path / "prompts.jsonl.gz"
+    instruction_prompts.main(["--out", str(out), "--tasks", str(tmp_path)])
+    kept = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8").read().split("\n") if line]
+    assert [r["id"] for r in kept] == ["arena_hard-0", "alpaca_eval-0", "ifeval-0", "ifbench-0"]
+    assert kept[3]["messages"][0]["content"] == texts["ifbench"]

@@ -8,19 +8,16 @@ but a 135M model's questions are not what people ask, and held-out chat acceptan
 Every English user turn becomes one single-turn prompt (the target answers it afresh, so the
 turns after the first lose their context; they are still requests people made). The package's
 file is cut short (125 MB of the original ~640 MB): it is read record by record up to the cut.
-The project's prompt filters apply (drafter/prompt_filter.py: empty, non-text, too short or
-long, repetitive), then exact and near-duplicate removal, seeded with every held-out prompt
-(shipped/smollm2/heldout), so nothing close to an evaluation prompt is kept. The data is
+The prompts pass through prompt_file.PromptFile (the project's filters, English only, no exact or
+near repeat of each other or of a held-out prompt). The data is
 scraped user content without a stated license: it is read from the package, not committed.
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -28,11 +25,10 @@ ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from drafter.prompt_filter import Deduplicator, FilterConfig, reject_reason  # noqa: E402
-from drafter.prompts import parse_record, read_prompts  # noqa: E402
+from drafter.prompts import parse_record  # noqa: E402
+from shipped.smollm2.data.prompt_file import PromptFile  # noqa: E402
 
 FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
-HELDOUT = ROOT / "shipped" / "smollm2" / "heldout"
 
 
 def package_file() -> Path:
@@ -58,17 +54,6 @@ def records(path: Path) -> Iterator[dict]:
         yield rec
 
 
-def english(text: str, max_other: float = 0.05) -> bool:
-    letters = [ch for ch in text if ch.isalpha()]
-    return bool(letters) and sum(not ch.isascii() for ch in letters) <= max_other * len(letters)
-
-
-def heldout_texts() -> Iterator[str]:
-    for f in sorted(HELDOUT.glob("*.jsonl")):
-        for conv in read_prompts(f):
-            yield conv.raw_prompt or conv.first_prompt()[-1]["content"]
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="prompt JSONL (.gz: compressed)")
@@ -77,32 +62,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--min-chars", type=int, default=24)
     ap.add_argument("--max-chars", type=int, default=2000)
     a = ap.parse_args(argv)
-    filters = FilterConfig(min_chars=a.min_chars, max_chars=a.max_chars, max_tokens=10**9)
-    dedup = Deduplicator(filters.near_duplicate)
-    for text in heldout_texts():
-        dedup.add(text)
-    stats: Counter = Counter()
-    opener = gzip.open if a.out.endswith(".gz") else open
-    with opener(a.out, "wt", encoding="utf-8") as f:
+    with PromptFile(a.out, a.min_chars, a.max_chars) as out:
         for rec in records(a.file or package_file()):
             try:
                 turns = [m["content"] for m in parse_record(rec, "").messages if m["role"] == "user"]
             except ValueError:
-                stats["unreadable"] += 1
+                out.stats["unreadable"] += 1
                 continue
             first = str(rec.get("id", "")).endswith("_0")   # the file splits long chats into _0, _1, ...
             for k, text in enumerate(turns[:1] if a.first_turns_only else turns):
-                text = text.strip()
-                why = ("not_english" if not english(text) else
-                       reject_reason(text, len(text.split()), [], filters) or dedup.add(text))
-                if why:
-                    stats[why] += 1
-                    continue
-                kind = "opener" if first and k == 0 else "later_turn"
-                stats[kind] += 1
-                f.write(json.dumps({"id": f"sharegpt-{rec.get('id')}-{k}",
-                                    "messages": [{"role": "user", "content": text}]}, ensure_ascii=False) + "\n")
-    print(json.dumps(dict(stats)))
+                out.add(f"sharegpt-{rec.get('id')}-{k}", text, "opener" if first and k == 0 else "later_turn")
 
 
 if __name__ == "__main__":
