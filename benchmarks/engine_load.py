@@ -105,7 +105,8 @@ def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, m
 def load_prompts(path: str | Path, tokenizer, n: int) -> list[list[int]]:
     """Token ids of the first n records of a JSONL of {messages} (chat, rendered with the
     generation prompt) or {prompt} (raw text)."""
-    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:n]
+    # Split on newlines only: JSON lines written with ensure_ascii=False may hold U+2028 in a text.
+    records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()][:n]
     return [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
             if r.get("messages") else tokenizer.encode(r["prompt"]) for r in records]
 

@@ -73,7 +73,9 @@ class BenchConfig:
 def load_prompts(path: str | None, n: int) -> list[dict]:
     """Records with `messages` (chat) or `prompt` (text); cycled to n. Held-out set by default."""
     p = Path(path) if path else (HELDOUT if HELDOUT.is_file() else None)
-    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p else [FALLBACK_PROMPT]
+    # Split on newlines only: JSON lines written with ensure_ascii=False may hold U+2028 in a text.
+    recs = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()] if p else \
+        [FALLBACK_PROMPT]
     recs = [r for r in recs if "messages" in r or "prompt" in r]
     if not recs:
         raise ValueError(f"{p}: no records with 'messages' or 'prompt'")

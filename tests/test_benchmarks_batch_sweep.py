@@ -18,8 +18,10 @@ from tests import server_harness as h
 def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     models = h.models()
     prompts = tmp_path / "chat.jsonl"
-    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c}]}) + "\n"
-                               for c in h.CHAT_PROMPTS))
+    # Written as ShareGPT-derived files are (ensure_ascii=False), a line separator inside one text.
+    contents = [h.CHAT_PROMPTS[0] + "\u2028"] + list(h.CHAT_PROMPTS[1:])
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c}]}, ensure_ascii=False) + "\n"
+                               for c in contents), encoding="utf-8")
     out = tmp_path / "sweep.json"
     result = batch_sweep.main(["--model", str(models.target), "--draft", str(models.draft), "--steps", "1,2",
                                "--trees", "2x2x4", "--concurrency", "1,2", "--prompts", str(prompts),
