@@ -11,12 +11,12 @@ so settings can be checked against each other: greedy decoding must not change a
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from drafter.prompts import read_records
 from engine.api import GenerationOutput, SamplingParams
 from engine.scheduler import NativeEngine
 
@@ -105,8 +105,7 @@ def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, m
 def load_prompts(path: str | Path, tokenizer, n: int) -> list[list[int]]:
     """Token ids of the first n records of a JSONL of {messages} (chat, rendered with the
     generation prompt) or {prompt} (raw text)."""
-    # Split on newlines only: JSON lines written with ensure_ascii=False may hold U+2028 in a text.
-    records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()][:n]
+    records = read_records(path)[:n]
     return [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
             if r.get("messages") else tokenizer.encode(r["prompt"]) for r in records]
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from benchmarks import prom_text
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
+from drafter.prompts import read_records
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = PROJECT_ROOT / "shipped" / "data" / "heldout_prompts.jsonl"
@@ -73,9 +74,7 @@ class BenchConfig:
 def load_prompts(path: str | None, n: int) -> list[dict]:
     """Records with `messages` (chat) or `prompt` (text); cycled to n. Held-out set by default."""
     p = Path(path) if path else (HELDOUT if HELDOUT.is_file() else None)
-    # Split on newlines only: JSON lines written with ensure_ascii=False may hold U+2028 in a text.
-    recs = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()] if p else \
-        [FALLBACK_PROMPT]
+    recs = read_records(p) if p else [FALLBACK_PROMPT]
     recs = [r for r in recs if "messages" in r or "prompt" in r]
     if not recs:
         raise ValueError(f"{p}: no records with 'messages' or 'prompt'")

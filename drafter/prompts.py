@@ -116,6 +116,13 @@ def raw_prompt_ids(tok, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=True))
 
 
+def read_records(path: str | Path) -> list[dict]:
+    """A JSON-lines file's records, as they are. By file line, not str.splitlines: a text written
+    with ensure_ascii=False may hold U+2028, where splitlines splits."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def count_lines(path: str | Path) -> int:
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())

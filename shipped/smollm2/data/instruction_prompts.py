@@ -20,12 +20,12 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from drafter.prompts import read_records  # noqa: E402
 from shipped.smollm2.data.prompt_file import PromptFile  # noqa: E402
 
 # (name, file under eval_framework/tasks, the record's prompt field)
@@ -43,12 +43,8 @@ def tasks_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "tasks"
 
 
-def records(path: Path) -> Iterator[dict]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        yield from json.loads(text)
-    else:   # JSON lines: split on newlines only (texts may hold U+2028, which splitlines splits on)
-        yield from (json.loads(line) for line in text.split("\n") if line.strip())
+def records(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else read_records(path)
 
 
 def main(argv: list[str] | None = None) -> None:
