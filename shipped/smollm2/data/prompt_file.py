@@ -45,7 +45,7 @@ class PromptFile:
         self.stats: Counter = Counter()
         self.file = (gzip.open if out.endswith(".gz") else open)(out, "wt", encoding="utf-8")
 
-    def add(self, id_: str, text: str, kind: str) -> bool:
+    def add(self, id_: str, text: str, kind: str) -> None:
         text = text.strip()
         why = ("not_english" if not english(text) else
                reject_reason(text, len(text.split()), [], self.filters) or self.dedup.add(text))
@@ -53,7 +53,6 @@ class PromptFile:
         if not why:
             self.file.write(json.dumps({"id": id_, "messages": [{"role": "user", "content": text}]},
                                        ensure_ascii=False) + "\n")
-        return not why
 
     def __enter__(self) -> "PromptFile":
         return self
