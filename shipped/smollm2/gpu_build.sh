@@ -55,6 +55,7 @@ TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; 
 LENGTH_GROUP=${LENGTH_GROUP:-64}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
+EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl (mtbench from session 26)
 RETURN_DATA=${RETURN_DATA:-1}; PROMPTS_FROM=${PROMPTS_FROM:-}
 INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
@@ -151,22 +152,22 @@ train() {
     evals
 }
 
-# The new drafter (and EVAL_DRAFTS beside it) on the three held-out sets at steps 1..6.
+# The new drafter (and EVAL_DRAFTS beside it) on the four held-out sets at steps 1..6.
 evals() {
     wheels
     [ -d $W/drafter ] || { log "no drafter: run train until it finishes"; exit 3; }
     drafts=(--draft $W/drafter); for d in ${EVAL_DRAFTS//,/ }; do drafts+=(--draft "$d"); done
-    log "evals: chat, humaneval, completion at steps $EVAL_STEPS: ${drafts[*]}"
-    for set in chat humaneval completion; do
+    log "evals: ${EVAL_SETS[*]} at steps $EVAL_STEPS: ${drafts[*]}"
+    for set in "${EVAL_SETS[@]}"; do
         python3 -m drafter eval --target $W/target "${drafts[@]}" \
           --prompts shipped/smollm2/heldout/$set.jsonl --steps "$EVAL_STEPS" --max-tokens "$EVAL_TOKENS" \
           --limit "$EVAL_PROMPTS" --max-batch 256 --device "$DEVICE" --out $W/eval_$set.json \
           > $W/eval_$set.txt 2>> $W/eval.log &
     done
-    wait; cat $W/eval_chat.txt $W/eval_humaneval.txt $W/eval_completion.txt
+    wait; for set in "${EVAL_SETS[@]}"; do cat $W/eval_$set.txt; done
     log "packing"
-    tar -C $W -czf $W/evals.tgz eval_chat.json eval_humaneval.json eval_completion.json eval_chat.txt \
-      eval_humaneval.txt eval_completion.txt eval.log stages.log
+    tar -C $W -czf $W/evals.tgz $(for set in "${EVAL_SETS[@]}"; do echo eval_$set.json eval_$set.txt; done) \
+      eval.log stages.log
     give_back $W/evals.tgz
 }
 
