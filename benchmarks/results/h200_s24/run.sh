@@ -7,8 +7,8 @@
 #       for code); resumable
 #   bash benchmarks/results/h200_s24/run.sh conc     # carries the drafter: compiled at 16 and 32 requests (plain,
 #       chain 4, 0 steps, then the table it picks), the sweep session 23 left unrun; resumable
-#   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled, and the
-#       cost model validated against batch1's chat sweep
+#   bash benchmarks/results/h200_s24/run.sh costs    # carries the drafter: step_costs of the pair compiled (cycles of
+#       STEPS, default 4,5), and the cost model validated against SWEEP (default batch1's chat sweep)
 #   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT, four pieces from FIRST (default 0)
 #   bash benchmarks/results/h200_s24/run.sh startup  # benchmarks.startup, cold then warm, up to MAX_BATCH (default
 #       32) rows: plain decoding, or with DRAFT=1 (carries the drafter) chain STEPS (default 4); its cache is
@@ -24,7 +24,7 @@ source benchmarks/results/device_call.sh
 device_call "${LIMIT_S:-585}"
 work_dir "${WORK:-h200_s24}"
 T=runs/smollm2/target
-D=shipped/smollm2/drafter
+D=${DRAFT_DIR:-shipped/smollm2/drafter}  # DRAFT_DIR: another drafter (session 27: one trained in an earlier call)
 sweep() {  # name, args...
     local name=$1; shift
     run 585 python3 -m benchmarks.batch_sweep --model $T --draft $D --compile --device cuda --dtype bfloat16 \
@@ -45,10 +45,11 @@ conc)
     sweep conc --steps 4 --concurrency "${CONC:-16,32}" --num-prompts 16 --rounds 3 ;;
 costs)
     [ -f $W/costs.json ] || run 400 python3 -m benchmarks.step_costs --model $T --draft $D --compile \
-        --cycle-steps 4,5 --ref-steps 4 --device cuda --dtype bfloat16 --name costs --out-dir $W 2>&1 \
+        --cycle-steps "${STEPS:-4,5}" --ref-steps 4 --device cuda --dtype bfloat16 --name costs --out-dir $W 2>&1 \
         | grep -v Warning | tee -a "$OUT/costs.log"
-    [ -f $W/batch1_chat.json ] && [ -f $W/costs.json ] && run 60 python3 -m benchmarks.cost_model \
-        --sweep $W/batch1_chat.json --validate $W/costs.json --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
+    S=${SWEEP:-$W/batch1_chat.json}
+    [ -f $S ] && [ -f $W/costs.json ] && run 60 python3 -m benchmarks.cost_model \
+        --sweep $S --validate $W/costs.json --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
     cp $W/costs.* "$OUT/" 2>/dev/null ;;
 startup)
     name=startup_${DRAFT:+chain${STEPS:-4}_}b${MAX_BATCH:-32}${NO_COMPILE_PREFILL:+_eager_prefill}
