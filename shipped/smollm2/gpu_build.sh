@@ -36,6 +36,9 @@
 # INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
 # PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
 # these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
+# The files are answered interleaved in proportion to their sizes, so within DATA_S a small file beside
+# a large one is answered only in that proportion (session 27: 649 of 2,156 instructions beside 45K
+# ShareGPT prompts): answer a small file alone in its own call first, then add the large one.
 #
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
