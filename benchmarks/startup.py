@@ -8,7 +8,8 @@ batch size up to --max-batch with the steps table in force), times it, then at o
 warm-up, serves the prompts at each --concurrency (benchmarks/engine_load.py) and reports the
 longest gap between two deltas of one request: a compile or capture inside serving shows there.
 Each start also reports its seconds in torch.compile's phases (dynamo's tracing, the backend or
-inductor's cache): a warm start's rest is loading, graph capture and warm-up runs.
+inductor's cache): a warm start's rest is loading, graph capture and warm-up runs. --saved-steps
+starts the engine with compile_cache in the cache folder: the warm start loads its decode steps.
 --no-compile starts eager steps instead (the server's default), whose graphs are captured then.
 Without --model, a random pair of --shape (benchmarks/shapes.py) is built on the device in place
 of loading one, and random prompts run to --max-tokens: compile and capture cost the same.
@@ -48,7 +49,8 @@ def child(args) -> dict:
                              spec=spec if args.draft else None, device=args.device, dtype=args.dtype,
                              max_batch=args.max_batch, max_context=args.max_context, compile=not args.no_compile,
                              compile_max_batch=args.max_batch, prefill_graphs=args.prefill_graphs,
-                             compile_prefill=args.compile_prefill)
+                             compile_prefill=args.compile_prefill,
+                             compile_cache=str(Path(args.cache_dir) / "steps") if args.saved_steps else "")
     loaded = None
     if not args.model:
         target, drafter, device = random_pair(args.shape, args.device, args.dtype)
@@ -103,6 +105,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
                     help="with --prefill-graphs: capture them uncompiled")
     ap.add_argument("--cache-dir", required=True, help="TORCHINDUCTOR_CACHE_DIR (emptied for the cold start)")
+    ap.add_argument("--saved-steps", action="store_true",
+                    help="compile the decode steps ahead of time into CACHE_DIR/steps (the engine's compile_cache), "
+                         "which the warm start loads instead of tracing")
     ap.add_argument("--out", help="JSON to write (.md beside it)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

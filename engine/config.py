@@ -179,5 +179,14 @@ class NativeConfig:
     compile_prefill: StrictBool = Field(True, description="with compile and prefill_graphs: compile the captured "
                                                           "prefills too (a shorter time to first token; one more "
                                                           "compile each for the target and the drafter at start)")
+    compile_cache: StrictStr = Field("", description="with compile: a folder where the compiled decode steps are "
+                                                     "saved ahead of time, and loaded by a restart instead of "
+                                                     "being traced and compiled again (empty: none)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")
+
+    @model_validator(mode="after")
+    def _compile_cache_needs_compile(self):
+        if self.compile_cache and not self.compile:
+            raise field_error("compile_cache", "saves compiled steps: it needs compile = true")
+        return self

@@ -31,6 +31,7 @@ from engine.draft_tree import DraftState, draft_chain, draft_tree
 from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up, plain_greedy, tree_greedy
 from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
+from engine.saved_compile import SavedCompile
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
 from models.layers import AttnInputs
@@ -107,7 +108,7 @@ class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
                  fast_greedy: bool = True, compile: bool = False, prefill_graphs: bool = False,
-                 compile_prefill: bool = True):
+                 compile_prefill: bool = True, compile_cache: str | None = None):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -160,16 +161,20 @@ class BatchDecoder:
         # the context in use share the compile: the engine compiles two graphs per step count,
         # not one per batch size or span. Off by default: each compile takes a minute or more on
         # GPU (`--compile` turns it on; warm_up does it before serving, and inductor's cache,
-        # TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles fast).
-        self.compiled = compile
+        # TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles faster). With compile_cache the
+        # steps are compiled ahead of time and saved there, and a restart loads them without
+        # tracing (engine/saved_compile.py).
+        self.compiled, self.compile_cache = compile, compile_cache
         self._fns = {"plain": plain_greedy, "chain": chain_greedy, "tree": tree_greedy, "deferred": deferred_greedy}
         self._fns_rows = self._fns
         if self.compiled:
             import torch._dynamo as dynamo
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-            self._fns = {k: torch.compile(_span_from_ref(f), options=dict(COMPILE_OPTIONS) if k in TUNED_KINDS else {})
+            self._fns = {k: _compiled(_span_from_ref(f), compile_cache, k, False,
+                                      dict(COMPILE_OPTIONS) if k in TUNED_KINDS else {})
                          for k, f in self._fns.items()}
-            self._fns_rows = {k: torch.compile(_span_from_ref(f), dynamic=True) for k, f in self._fns_rows.items()}
+            self._fns_rows = {k: _compiled(_span_from_ref(f), compile_cache, k, True, {})
+                              for k, f in self._fns_rows.items()}
             self._span_base = torch.empty(self.cache_len, dtype=torch.uint8, device=self.device)
         # The captured prefills compile too, once each with a symbolic width (every power-of-two
         # width shares the compile; the graphs are still one per width): uncompiled, a captured
@@ -181,6 +186,12 @@ class BatchDecoder:
         self._prefill_fns = (self._prefill_target, self._prefill_drafter)
         if self.compiled and prefill_graphs and compile_prefill:
             self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
+
+    def __getstate__(self) -> dict:
+        """The decoder as a saved compiled step pickles it (engine/saved_compile.py: its guards'
+        view of the step's argument, tensors as shapes only), less what no step reads: the
+        compiled steps themselves and the captured graphs, which cannot be pickled."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fns", "_fns_rows", "_prefill_fns", "graphs")}
 
     def set_steps_table(self, steps_by_batch: tuple[tuple[int, int], ...]) -> None:
         """Draft steps per batch size from the next step on (SpecConfig.steps_by_batch, at most
@@ -492,7 +503,8 @@ class BatchDecoder:
         span_arg = span
         if self.compiled:
             span_arg = self._span_base[:span]
-            torch._dynamo.mark_dynamic(span_arg, 0)
+            if padded == 1 and not self.compile_cache:  # (the batched compile is dynamic in every size;
+                torch._dynamo.mark_dynamic(span_arg, 0)  # saved steps mark their own example)
         tokens, counts, proposed = self.graphs.run((kind, padded, span, steps),
                                                    lambda: fn(self, padded, span_arg, steps))
         if kind == "deferred":
@@ -652,6 +664,13 @@ class BatchDecoder:
         if self.spec:
             caches.append(self.drafter.midlayer.self_attn.kv_cache)
         return [t for c in caches for t in (c.k, c.v)]
+
+
+def _compiled(step, cache: str | None, name: str, dynamic: bool, options: dict):
+    """The step compiled: ahead of time and saved in `cache`, or lazily by torch.compile."""
+    if cache:
+        return SavedCompile(step, cache, name, dynamic, options)
+    return torch.compile(step, dynamic=dynamic or None, options=options)
 
 
 def _span_from_ref(step):

@@ -134,7 +134,8 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
-                               prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill)
+                               prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
+                               compile_cache=args.compile_cache or None)
         # A capture in serving would stall every request in flight, so shapes are prepared now.
         # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change

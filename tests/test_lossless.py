@@ -118,6 +118,33 @@ def test_compile_prefill_off_compiles_no_prefill(models):
     assert torch.equal(engines[0].draft_logits, engines[1].draft_logits)
 
 
+def test_saved_compiled_steps_load_without_tracing(models, tmp_path):
+    """`compile_cache`: a compiled engine compiles its decode steps ahead of time and saves them
+    (batch 1, and the dynamic batch); a second engine over the same folder loads them, so dynamo
+    traces nothing and nothing compiles again. Both give the eager greedy tokens."""
+    from torch._dynamo.utils import counters
+    prompts, expected = models["prompts"][1:], models["baseline"][1:]
+
+    def decode_alone_then_both():
+        dec = BatchDecoder(models["target"], None, None, max_batch=2, max_context=512, compile=True,
+                           compile_cache=str(tmp_path))
+        outs = []
+        for rows in (1, 2):
+            out = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts[:rows])]
+            while min(map(len, out)) < N_TOKENS:
+                for i, r in enumerate(dec.step(rows, greedy(rows))):
+                    out[i] += r.tokens
+            outs += [o[:N_TOKENS] for o in out]
+        return outs, (dec._fns["plain"], dec._fns_rows["plain"])
+
+    outs, steps = decode_alone_then_both()
+    assert outs == expected[:1] + expected and [(s.compiled, s.loaded) for s in steps] == [(1, 0), (1, 0)]
+    traced = counters["stats"]["unique_graphs"]
+    outs, steps = decode_alone_then_both()
+    assert outs == expected[:1] + expected and [(s.compiled, s.loaded) for s in steps] == [(0, 1), (0, 1)]
+    assert counters["stats"]["unique_graphs"] == traced
+
+
 def test_compiled_shapes_compile_once_for_every_width_and_batch(models, monkeypatch):
     """A compiled engine compiles its captured prefill once for every power-of-two width and its
     step twice (batch 1, then one dynamic batch for 2-4 rows), also where CPU float32 row counts

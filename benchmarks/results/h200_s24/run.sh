@@ -12,7 +12,8 @@
 #   bash benchmarks/results/h200_s24/run.sh pack     # the inductor cache into $OUT, four pieces from FIRST (default 0)
 #   bash benchmarks/results/h200_s24/run.sh startup  # benchmarks.startup, cold then warm, up to MAX_BATCH (default
 #       32) rows: plain decoding, or with DRAFT=1 (carries the drafter) chain STEPS (default 4); its cache is
-#       CACHE (default $W/startup_inductor, emptied first; $W/inductor warms the sweeps' plain compile) (session 26 on)
+#       CACHE (default $W/startup_inductor, emptied first; $W/inductor warms the sweeps' plain compile) (session 26 on);
+#       SAVED_STEPS=1 saves the compiled decode steps there and the warm start loads them (session 27 on)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
 # the tests' -k expression (default "not compiled or deferred"); NO_COMPILE_PREFILL=1 captures the sweeps' prefills
 # uncompiled (session 26 on).
@@ -52,9 +53,9 @@ costs)
         --sweep $S --validate $W/costs.json --name smollm2_compiled --out-dir "$OUT" 2>&1 | tail -20
     cp $W/costs.* "$OUT/" 2>/dev/null ;;
 startup)
-    name=startup_${DRAFT:+chain${STEPS:-4}_}b${MAX_BATCH:-32}${NO_COMPILE_PREFILL:+_eager_prefill}
+    name=startup_${DRAFT:+chain${STEPS:-4}_}b${MAX_BATCH:-32}${NO_COMPILE_PREFILL:+_eager_prefill}${SAVED_STEPS:+_saved_steps}
     run 585 python3 -m benchmarks.startup --model $T ${DRAFT:+--draft $D --steps ${STEPS:-4}} \
-        --max-batch "${MAX_BATCH:-32}" --prefill-graphs ${NO_COMPILE_PREFILL:+--no-compile-prefill} \
+        --max-batch "${MAX_BATCH:-32}" --prefill-graphs ${NO_COMPILE_PREFILL:+--no-compile-prefill} ${SAVED_STEPS:+--saved-steps} \
         --concurrency 1,2,16,32 --cache-dir "${CACHE:-$W/startup_inductor}" --out $W/$name.json 2>&1 \
         | grep -v Warning | tee -a "$OUT/$name.log"
     cp $W/$name.* "$OUT/" 2>/dev/null ;;
