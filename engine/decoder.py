@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -185,7 +186,12 @@ class BatchDecoder:
         # faster start.
         self._prefill_fns = (self._prefill_target, self._prefill_drafter)
         if self.compiled and prefill_graphs and compile_prefill:
-            self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
+            if compile_cache:  # saved ahead of time as the steps are, each called with this decoder
+                self._prefill_fns = tuple(
+                    functools.partial(SavedCompile(f, compile_cache, f.__name__.strip("_"), True, {}), self)
+                    for f in (BatchDecoder._prefill_target, BatchDecoder._prefill_drafter))
+            else:
+                self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
 
     def __getstate__(self) -> dict:
         """The decoder as a saved compiled step pickles it (engine/saved_compile.py: its guards'
@@ -667,9 +673,11 @@ class BatchDecoder:
 
 
 def _compiled(step, cache: str | None, name: str, dynamic: bool, options: dict):
-    """The step compiled: ahead of time and saved in `cache`, or lazily by torch.compile."""
+    """The step compiled: ahead of time and saved in `cache`, or lazily by torch.compile. The
+    batch-1 compile makes its span symbolic by marking it (the batched one is dynamic in every size)."""
     if cache:
-        return SavedCompile(step, cache, name, dynamic, options)
+        return SavedCompile(step, cache, f"{name}-{'rows' if dynamic else 'b1'}", dynamic, options,
+                            marks=() if dynamic else ((2, 0),))
     return torch.compile(step, dynamic=dynamic or None, options=options)
 
 

@@ -9,13 +9,14 @@ its graph and inductor's code. A later process loads it and calls it on its own 
 caches are read from that argument, not baked in.
 
 A loaded step still checks its guards on every call (shapes, the step count, the batch range). A call
-that no saved step accepts gets a compile of its own, saved beside the others. The guards do not
-cover the code that was traced, torch's version or the options, so artifact names carry a
-fingerprint of those. Kernels still come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without it
-a load compiles them again.
+that no saved step accepts gets a compile of its own, saved beside the others. The compiled prefills
+are saved the same way. The guards do not cover the code that was traced, torch's version or the
+options, so artifact names carry a fingerprint of those. Kernels still come from inductor's cache
+(TORCHINDUCTOR_CACHE_DIR): without it a load compiles them again.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 TRACED_PACKAGES = ("engine", "models")   # the code a step traces
 
 
+@functools.cache
 def code_fingerprint() -> str:
     """torch's version and the source of the traced packages, hashed."""
     root = Path(__file__).resolve().parent.parent
@@ -39,33 +41,34 @@ def code_fingerprint() -> str:
 
 
 class SavedCompile:
-    """A device-side step (dec, rows, span_ref, steps) compiled ahead of time, once per signature
-    its guards accept. Each artifact is saved in `folder`, and loaded there by the next process.
-    If a step cannot be compiled whole (aot_compile needs one graph), the step falls back to a
-    lazy torch.compile, with a warning."""
+    """A function whose first argument is the decoder, compiled ahead of time once for every call
+    that no earlier compile's guards accept. Each compile is saved in `folder` and loaded there by
+    the next process. `marks` are (argument, dim) sizes made symbolic in the compile. Marked
+    tensors fail a saved step's guards, so the marks go on views in the example only, and calls
+    pass none. If a function cannot be compiled whole (aot_compile needs one graph), it falls
+    back to a lazy torch.compile, with a warning."""
 
-    def __init__(self, fn: Callable, folder: str | Path, name: str, dynamic: bool, options: dict):
-        self.fn, self.dynamic, self.options = fn, dynamic, options
+    def __init__(self, fn: Callable, folder: str | Path, name: str, dynamic: bool, options: dict,
+                 marks: tuple[tuple[int, int], ...] = ()):
+        self.fn, self.dynamic, self.options, self.marks = fn, dynamic, options, marks
         self.folder = Path(folder)
-        key = json.dumps([name, dynamic, options, code_fingerprint()], sort_keys=True)
-        self.prefix = f"{name}-{'rows' if dynamic else 'b1'}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-        self.by_steps: dict[int, list] = {}
+        key = json.dumps([name, dynamic, options, marks, code_fingerprint()], sort_keys=True)
+        self.prefix = f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        self.saved: list | None = None    # loaded at the first call
         self.lazy: Callable | None = None
         self.loaded = self.compiled = 0   # artifacts loaded from disk / compiled and saved here
 
-    def __call__(self, dec, rows: int, span_ref: torch.Tensor, steps: int):
-        args = (dec, rows, span_ref, steps)
+    def __call__(self, *args):
         if self.lazy is not None:
             return self.lazy(*args)
-        if steps not in self.by_steps:
-            self.by_steps[steps] = [self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-s{steps}-*.aot"))]
-        saved = self.by_steps[steps]
-        step = next((s for s in saved if s.guard_check(*args)), None)
+        if self.saved is None:
+            self.saved = [self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot"))]
+        step = next((s for s in self.saved if s.guard_check(*args)), None)
         if step is None:
-            step = self._compile(args, self.folder / f"{self.prefix}-s{steps}-{len(saved)}.aot")
+            step = self._compile(args, self.folder / f"{self.prefix}-{len(self.saved)}.aot")
             if step is None:
                 return self.lazy(*args)
-            saved.append(step)
+            self.saved.append(step)
         return step(*args)
 
     def _load(self, path: Path):
@@ -76,19 +79,16 @@ class SavedCompile:
         return step
 
     def _compile(self, args: tuple, path: Path):
-        # The span is symbolic (decoder._span_from_ref): in the batch-1 compile by a mark on the
-        # example's span tensor (the batched compile is dynamic in every size). Marked tensors fail
-        # a saved step's guards, so the mark goes on a view of its own, and calls pass none.
         # Floats are specialized: with a dynamic batch, a symbolic float makes AOT autograd restart
         # its analysis, which aot_compile does not do (TensorifyScalarRestartAnalysis).
-        dec, rows, span_ref, steps = args
-        example = span_ref[:]
-        if not self.dynamic:
-            torch._dynamo.mark_dynamic(example, 0)
+        example = list(args)
+        for i, dim in self.marks:
+            example[i] = example[i][:]
+            torch._dynamo.mark_dynamic(example[i], dim)
         try:
             with torch._dynamo.config.patch(enable_aot_compile=True, specialize_float=True):
                 step = torch.compile(self.fn, fullgraph=True, dynamic=self.dynamic or None,
-                                     options=self.options).aot_compile(((dec, rows, example, steps), {}))
+                                     options=self.options).aot_compile((tuple(example), {}))
         except Exception as e:  # noqa: BLE001 - any failure to trace whole: compile lazily instead
             log.warning("%s: not compiled ahead of time (%s: %s); compiling lazily, not saved",
                         self.prefix, type(e).__name__, str(e).splitlines()[0] if str(e) else "")

@@ -38,10 +38,10 @@ def build(dtype):
 
 
 @torch.inference_mode()
-def decode(t, d, spec, prompts, fast, n=48, compile=False, prefill_graphs=False, alone=False):
+def decode(t, d, spec, prompts, fast, n=48, compile=False, prefill_graphs=False, alone=False, compile_cache=None):
     """alone: one prefill per prompt (a lone prompt is what `prefill_graphs` captures)."""
     dec = BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile,
-                       prefill_graphs=prefill_graphs)
+                       prefill_graphs=prefill_graphs, compile_cache=compile_cache)
     if alone:
         outs = [dec.prefill_rows(row, [p], BatchSampling.all_greedy_rows(1, "cuda"))[0].tokens
                 for row, p in enumerate(prompts)]
@@ -64,6 +64,18 @@ def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
     assert decode(t, d, spec, prompts, fast=True) == eager
     if dtype == torch.float32 and (steps, batch) in COMPILED_CASES:
         assert decode(t, d, spec, prompts, fast=True, compile=True) == eager
+
+
+def test_saved_steps_equal_eager(tmp_path):
+    """compile_cache under CUDA graphs: the 3-step chain (fp32) at batch 1 and 3 and its captured
+    prefills, compiled ahead of time and saved by one decoder, then loaded by another, give the
+    eager tokens both times (engine/saved_compile.py; its CPU test is in test_lossless.py)."""
+    t, d = build(torch.float32)
+    for batch in (1, 3):
+        eager = decode(t, d, SpecConfig(3), PROMPTS[:batch], fast=False, alone=True)
+        for _ in range(2):
+            assert decode(t, d, SpecConfig(3), PROMPTS[:batch], fast=True, compile=True, prefill_graphs=True,
+                          alone=True, compile_cache=str(tmp_path)) == eager
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])

@@ -119,15 +119,16 @@ def test_compile_prefill_off_compiles_no_prefill(models):
 
 
 def test_saved_compiled_steps_load_without_tracing(models, tmp_path):
-    """`compile_cache`: a compiled engine compiles its decode steps ahead of time and saves them
-    (batch 1, and the dynamic batch); a second engine over the same folder loads them, so dynamo
-    traces nothing and nothing compiles again. Both give the eager greedy tokens."""
+    """`compile_cache`: a compiled engine compiles its decode steps (batch 1, and the dynamic batch)
+    and its captured prefill ahead of time and saves them; a second engine over the same folder
+    loads them, so dynamo traces nothing and nothing compiles again. Both give the eager greedy
+    tokens."""
     from torch._dynamo.utils import counters
     prompts, expected = models["prompts"][1:], models["baseline"][1:]
 
     def decode_alone_then_both():
         dec = BatchDecoder(models["target"], None, None, max_batch=2, max_context=512, compile=True,
-                           compile_cache=str(tmp_path))
+                           prefill_graphs=True, compile_cache=str(tmp_path))
         outs = []
         for rows in (1, 2):
             out = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts[:rows])]
@@ -135,13 +136,13 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path):
                 for i, r in enumerate(dec.step(rows, greedy(rows))):
                     out[i] += r.tokens
             outs += [o[:N_TOKENS] for o in out]
-        return outs, (dec._fns["plain"], dec._fns_rows["plain"])
+        return outs, (dec._fns["plain"], dec._fns_rows["plain"], dec._prefill_fns[0].func)
 
-    outs, steps = decode_alone_then_both()
-    assert outs == expected[:1] + expected and [(s.compiled, s.loaded) for s in steps] == [(1, 0), (1, 0)]
+    outs, saved = decode_alone_then_both()
+    assert outs == expected[:1] + expected and [(s.compiled, s.loaded) for s in saved] == [(1, 0)] * 3
     traced = counters["stats"]["unique_graphs"]
-    outs, steps = decode_alone_then_both()
-    assert outs == expected[:1] + expected and [(s.compiled, s.loaded) for s in steps] == [(0, 1), (0, 1)]
+    outs, saved = decode_alone_then_both()
+    assert outs == expected[:1] + expected and [(s.compiled, s.loaded) for s in saved] == [(0, 1)] * 3
     assert counters["stats"]["unique_graphs"] == traced
 
 
