@@ -62,18 +62,29 @@ class SavedCompile:
         if self.lazy is not None:
             return self.lazy(*args)
         if self.saved is None:
-            self.saved = [self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot"))]
+            loaded = (self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot")))
+            self.saved = [s for s in loaded if s is not None]
         step = next((s for s in self.saved if s.guard_check(*args)), None)
         if step is None:
-            step = self._compile(args, self.folder / f"{self.prefix}-{len(self.saved)}.aot")
+            n = 0
+            while (path := self.folder / f"{self.prefix}-{n}.aot").exists():
+                n += 1
+            step = self._compile(args, path)
             if step is None:
                 return self.lazy(*args)
             self.saved.append(step)
         return step(*args)
 
     def _load(self, path: Path):
-        with open(path, "rb") as f:
-            step = torch.compiler.load_compiled_function(f)
+        """A saved step, or None (and the file removed) if it does not load: a broken cache entry
+        costs a compile, not the engine's start."""
+        try:
+            with open(path, "rb") as f:
+                step = torch.compiler.load_compiled_function(f)
+        except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, compile again
+            log.warning("%s does not load (%s: %s): removed, to be compiled again", path, type(e).__name__, e)
+            path.unlink(missing_ok=True)
+            return None
         step.disable_guard_check()   # __call__ checks them, once
         self.loaded += 1
         return step

@@ -1,0 +1,35 @@
+"""engine/saved_compile.py on a small function (the decoder's use of it: tests/test_lossless.py):
+a second process-like start loads what the first saved, a call its guards reject gets a compile of
+its own beside it, and a broken cache entry is compiled again instead of failing the start."""
+from types import SimpleNamespace
+
+import torch
+
+from engine.saved_compile import SavedCompile
+
+
+def scaled(state, x):
+    return x * state.scale + 1
+
+
+def fresh(folder) -> SavedCompile:
+    """A SavedCompile as a new start makes it: nothing loaded yet."""
+    return SavedCompile(scaled, folder, "scaled", dynamic=False, options={})
+
+
+def test_saved_compile_loads_recompiles_by_guards_and_replaces_a_broken_entry(tmp_path, caplog):
+    state, x = SimpleNamespace(scale=torch.full((4,), 2.0)), torch.arange(4.0)
+    first = fresh(tmp_path)
+    assert torch.equal(first(state, x), scaled(state, x)) and (first.compiled, first.loaded) == (1, 0)
+    second = fresh(tmp_path)
+    assert torch.equal(second(state, x), scaled(state, x)) and (second.compiled, second.loaded) == (0, 1)
+    x64 = torch.arange(4.0, dtype=torch.float64)   # a dtype the saved guards reject: a compile of its own
+    assert torch.equal(second(state, x64), scaled(state, x64)) and second.compiled == 1
+    assert len(list(tmp_path.glob("*.aot"))) == 2
+
+    broken = sorted(tmp_path.glob("*.aot"))[0]
+    broken.write_bytes(b"not a saved step")
+    third = fresh(tmp_path)
+    assert torch.equal(third(state, x), scaled(state, x))
+    assert "does not load" in caplog.text and (third.loaded, third.compiled) == (1, 1)
+    assert len(list(tmp_path.glob("*.aot"))) == 2 and fresh(tmp_path)(state, x64) is not None
