@@ -32,7 +32,7 @@ from engine.draft_tree import DraftState, draft_chain, draft_tree
 from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up, plain_greedy, tree_greedy
 from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
-from engine.saved_compile import SavedCompile
+from engine.saved_compile import SavedCompile, marked
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
 from models.layers import AttnInputs
@@ -165,7 +165,7 @@ class BatchDecoder:
         # TORCHINDUCTOR_CACHE_DIR, makes a restart's compiles faster). With compile_cache the
         # steps are compiled ahead of time and saved there, and a restart loads them without
         # tracing (engine/saved_compile.py).
-        self.compiled, self.compile_cache = compile, compile_cache
+        self.compiled = compile
         self._fns = {"plain": plain_greedy, "chain": chain_greedy, "tree": tree_greedy, "deferred": deferred_greedy}
         self._fns_rows = self._fns
         if self.compiled:
@@ -508,9 +508,7 @@ class BatchDecoder:
             self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
         span_arg = span
         if self.compiled:
-            span_arg = self._span_base[:span]
-            if padded == 1 and not self.compile_cache:  # (the batched compile is dynamic in every size;
-                torch._dynamo.mark_dynamic(span_arg, 0)  # saved steps mark their own example)
+            span_arg = self._span_base[:span]   # symbolic in the compile (_compiled)
         tokens, counts, proposed = self.graphs.run((kind, padded, span, steps),
                                                    lambda: fn(self, padded, span_arg, steps))
         if kind == "deferred":
@@ -674,16 +672,18 @@ class BatchDecoder:
 
 def _compiled(step, cache: str | None, name: str, dynamic: bool, options: dict):
     """The step compiled: ahead of time and saved in `cache`, or lazily by torch.compile. The
-    batch-1 compile makes its span symbolic by marking it (the batched one is dynamic in every size)."""
+    batch-1 compile makes its span (argument 2) symbolic by marking it; the batched one is dynamic
+    in every size."""
+    marks = () if dynamic else ((2, 0),)
     if cache:
-        return SavedCompile(step, cache, f"{name}-{'rows' if dynamic else 'b1'}", dynamic, options,
-                            marks=() if dynamic else ((2, 0),))
-    return torch.compile(step, dynamic=dynamic or None, options=options)
+        return SavedCompile(step, cache, f"{name}-{'rows' if dynamic else 'b1'}", dynamic, options, marks)
+    compiled = torch.compile(step, dynamic=dynamic or None, options=options)
+    return functools.wraps(step)(lambda *args: compiled(*marked(args, marks)))
 
 
 def _span_from_ref(step):
-    """A device-side step that takes its attention span as the length of a tensor (marked
-    dynamic by `launch`), not as an int, which torch.compile would specialize on: one compile
+    """A device-side step that takes its attention span as the length of a tensor (made
+    symbolic by `_compiled`), not as an int, which torch.compile would specialize on: one compile
     then serves every span bucket, and compiled steps attend over the context in use instead of
     the whole cache (which cost a 3-step cycle 43% of its time in attention:
     benchmarks/results/h200_run5/)."""

@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 TRACED_PACKAGES = ("engine", "models")   # the code a step traces
 
 
+def marked(args: tuple, marks: tuple[tuple[int, int], ...]) -> tuple:
+    """args with the tensors at the given (argument, dim) marked dynamic, on views of their own:
+    the caller's tensors stay unmarked (a marked tensor fails a saved step's guards)."""
+    args = list(args)
+    for i, dim in marks:
+        args[i] = args[i][:]
+        torch._dynamo.mark_dynamic(args[i], dim)
+    return tuple(args)
+
+
 @functools.cache
 def code_fingerprint() -> str:
     """torch's version and the source of the traced packages, hashed."""
@@ -43,9 +53,8 @@ def code_fingerprint() -> str:
 class SavedCompile:
     """A function whose first argument is the decoder, compiled ahead of time once for every call
     that no earlier compile's guards accept. Each compile is saved in `folder` and loaded there by
-    the next process. `marks` are (argument, dim) sizes made symbolic in the compile. Marked
-    tensors fail a saved step's guards, so the marks go on views in the example only, and calls
-    pass none. If a function cannot be compiled whole (aot_compile needs one graph), it falls
+    the next process. `marks` are (argument, dim) sizes made symbolic in the compile (on the
+    example only: see `marked`). If a function cannot be compiled whole (aot_compile needs one graph), it falls
     back to a lazy torch.compile, with a warning."""
 
     def __init__(self, fn: Callable, folder: str | Path, name: str, dynamic: bool, options: dict,
@@ -60,7 +69,7 @@ class SavedCompile:
 
     def __call__(self, *args):
         if self.lazy is not None:
-            return self.lazy(*args)
+            return self.lazy(*marked(args, self.marks))
         if self.saved is None:
             loaded = (self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot")))
             self.saved = [s for s in loaded if s is not None]
@@ -71,7 +80,7 @@ class SavedCompile:
                 n += 1
             step = self._compile(args, path)
             if step is None:
-                return self.lazy(*args)
+                return self.lazy(*marked(args, self.marks))
             self.saved.append(step)
         return step(*args)
 
@@ -92,14 +101,10 @@ class SavedCompile:
     def _compile(self, args: tuple, path: Path):
         # Floats are specialized: with a dynamic batch, a symbolic float makes AOT autograd restart
         # its analysis, which aot_compile does not do (TensorifyScalarRestartAnalysis).
-        example = list(args)
-        for i, dim in self.marks:
-            example[i] = example[i][:]
-            torch._dynamo.mark_dynamic(example[i], dim)
         try:
             with torch._dynamo.config.patch(enable_aot_compile=True, specialize_float=True):
                 step = torch.compile(self.fn, fullgraph=True, dynamic=self.dynamic or None,
-                                     options=self.options).aot_compile((tuple(example), {}))
+                                     options=self.options).aot_compile((marked(args, self.marks), {}))
         except Exception as e:  # noqa: BLE001 - any failure to trace whole: compile lazily instead
             log.warning("%s: not compiled ahead of time (%s: %s); compiling lazily, not saved",
                         self.prefix, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
