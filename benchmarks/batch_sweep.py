@@ -74,7 +74,8 @@ def build(args, loaded, spec):
     eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
                              dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
                              compile=args.compile, compile_max_batch=0 if spec else batch,
-                             prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill)
+                             prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
+                             compile_cache=args.compile_cache)
     engine = build_engine(eargs, loaded)
     engine.start_blocking()
     if spec and args.synthetic_accept:
@@ -301,6 +302,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "CUDA graph (engine/decoder.py PREFILL_GRAPH_TOKENS)")
     ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
                     help="with --compile and --prefill-graphs: capture the prefills uncompiled (a faster start)")
+    ap.add_argument("--compile-cache", default="", metavar="DIR",
+                    help="with --compile: save the compiled steps here and load them in a later run (a resumed sweep "
+                         "does not compile again)")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--min-gain", type=float, default=0.03,
                     help="draft at a concurrency only where a chain beats 0 steps by more than this share")

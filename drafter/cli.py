@@ -115,7 +115,7 @@ def cmd_train(a) -> int:
         target=a.target, data=a.data, out=a.out, vocab=a.vocab,
         aux_layers=_ints(a.aux_layers) if a.aux_layers else None, aux_convention=a.aux_convention,
         features=a.features, spool=a.spool, spool_budget_gb=a.spool_budget_gb, keep_features=a.keep_features,
-        capture_dtype=a.capture_dtype, capture_batch=a.capture_batch, capture_gpus=a.capture_gpus,
+        capture_dtype=a.capture_dtype, dtype=a.dtype, capture_batch=a.capture_batch, capture_gpus=a.capture_gpus,
         vllm_python=a.vllm_python, vllm_args=_vllm_args(a), trust_remote_code=a.trust_remote_code,
         intermediate_size=a.intermediate_size, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
         head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
@@ -281,6 +281,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--keep-features", metavar="DIR",
                    help="capture every conversation's features into DIR once, then train from it "
                         "(later runs: --features DIR)")
+    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the target in this process and the drafter's autocast (auto: bfloat16 on GPU, float32 on CPU)")
     t.add_argument("--capture-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="capture engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
     t.add_argument("--capture-batch", type=int, default=64, help="sequences per capture-engine call")

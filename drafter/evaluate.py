@@ -41,7 +41,8 @@ class EvalResult:
     by_category: dict[str, float] = field(default_factory=dict)   # accept length per prompt category
 
 
-def _prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
+def prompt_ids(tok, prompt: list[dict] | str) -> list[int]:
+    """What eval sends: a raw prompt as it is, a chat through the chat template with the assistant header."""
     if isinstance(prompt, str):
         return raw_prompt_ids(tok, prompt)
     text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
@@ -60,7 +61,7 @@ async def greedy_replies(engine, prompts: list[list[dict] | str], max_tokens: in
     from engine.api import SamplingParams
 
     async def one(prompt) -> Reply:
-        ids = _prompt_ids(engine.tokenizer, prompt)
+        ids = prompt_ids(engine.tokenizer, prompt)
         room = engine.info.max_context - len(ids) - 1
         reply, last = [], None
         async for out in engine.generate(uuid.uuid4().hex, ids, SamplingParams(max_tokens=min(max_tokens, room),

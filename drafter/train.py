@@ -8,7 +8,7 @@ recomputed from the captured last-layer output); `--keep-features DIR` / `--feat
 and reuse them. The drafter's embedding
 is the target's (shared, frozen); its lm_head starts from the target's lm_head rows of the
 draft vocabulary, which gives step 0 a sensible output space from the first update.
-AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on GPU.
+AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on GPU (and on CPU with --dtype bfloat16).
 Multi-GPU: `torchrun --nproc_per_node N -m drafter train ...` (DDP, initialised only when
 WORLD_SIZE > 1; each rank takes every N-th micro-batch).
 
@@ -65,6 +65,7 @@ class TrainConfig:
     spool_budget_gb: float = 10.0
     keep_features: str | None = None         # capture every conversation into this directory, train from it
     capture_dtype: str = "auto"              # auto: float32 on CPU, bfloat16 on GPU
+    dtype: str = "auto"                      # in-process target and the drafter's autocast; auto as capture_dtype
     capture_batch: int = 64                  # sequences per capture-engine call
     capture_gpus: str | None = None          # CUDA_VISIBLE_DEVICES of the capture process
     vllm_python: str | None = None           # default .venv-vllm/bin/python
@@ -303,7 +304,9 @@ def train(c: TrainConfig) -> dict:
     if start_from is not None and sorted(start_from.config.aux_layer_ids) != aux:
         raise ValueError(f"--init {c.init}: trained on layer outputs {start_from.config.aux_layer_ids}, this run "
                          f"trains on {aux} (--aux-layers)")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    # bfloat16 is the GPU recipe; on a CPU with AMX it also trains 1.6x faster than float32 (session 28).
+    bf16 = c.dtype == "bfloat16" or (c.dtype == "auto" and cuda)
+    dtype = torch.bfloat16 if bf16 else torch.float32
     target = head = None
     if in_loop:
         target = load_target(c.target, dtype=dtype, device=device, aux_layer_ids=aux)
@@ -363,7 +366,7 @@ def train(c: TrainConfig) -> dict:
                             out=out)
     log = open(out / "log.jsonl", "a") if d.main else None
     bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=not d.main)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     k = c.ttt_length
     acc_stats, n_batches, tokens, t0 = torch.zeros(TTTStats.size(k), device=device), 0, 0, time.time()
     model.train()

