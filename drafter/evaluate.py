@@ -130,20 +130,35 @@ def evaluate(target: str, drafts: list[str], prompts_file: str, specs: list[Spec
     return results
 
 
+def short_names(paths: list[str]) -> dict[str, str]:
+    """Each path's last components, as few as keep different paths apart (two `.../drafter` folders)."""
+    parts = {p: Path(p).parts or (p,) for p in paths}
+    for k in range(1, max(len(v) for v in parts.values()) + 1):
+        names = {p: "/".join(v[-k:]) for p, v in parts.items()}
+        if len(set(names.values())) == len(names):
+            return names
+    return {p: p for p in paths}
+
+
 def table(results: list[EvalResult]) -> str:
     width = max(r.steps for r in results)
-    name_w = max(12, *(len(Path(r.draft).name) for r in results))
+    names = short_names([r.draft for r in results])
+    name_w = max(12, *(len(n) for n in names.values()))
     positions = "  ".join(f"{'pos' + str(i + 1):>6}" for i in range(width))
     head = f"{'draft':<{name_w}}  {'steps':>8}  accept_len  accept_rate  {positions}"
     lines = [head, "-" * len(head)]
     for r in results:
         pos = "  ".join(f"{p:6.3f}" for p in r.per_position)
-        name = Path(r.draft).name
+        name = names[r.draft]
         lines.append(f"{name:<{name_w}}  {r.setting:>8}  {r.accept_length:10.3f}  {r.accept_rate:11.3f}  {pos}")
     categories = sorted({c for r in results for c in r.by_category})
     if categories:   # accept length per category: one row per category, one column per result
-        lines += ["", f"{'category':<12}  " + "  ".join(f"{r.setting:>8}" for r in results)]
-        lines += [f"{c:<12}  " + "  ".join(f"{r.by_category.get(c, 0.0):8.3f}" for r in results) for c in categories]
+        drafts = len(names) > 1
+        cols = [f"{names[r.draft]} {r.setting}" if drafts else r.setting for r in results]
+        col_w = [max(8, len(c)) for c in cols]
+        lines += ["", f"{'category':<12}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cols, col_w))]
+        lines += [f"{c:<12}  " + "  ".join(f"{r.by_category.get(c, 0.0):{w}.3f}" for r, w in zip(results, col_w))
+                  for c in categories]
     return "\n".join(lines)
 
 
