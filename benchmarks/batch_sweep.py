@@ -146,14 +146,16 @@ def run(args) -> dict:
     loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
-    warm_up_s = {}  # seconds each engine or steps table took to compile and capture its shapes (this call)
+    warm_up_s = {}  # seconds each engine or steps table spent compiling and capturing its shapes (this call)
 
     def timed(label: str, prepare):
-        """prepare() builds or warms an engine; its seconds go to warm_up_s[label]."""
+        """prepare() builds or warms an engine; its seconds add to warm_up_s[label] (a table warmed
+        again at the next concurrency finds its shapes compiled: that adds next to nothing)."""
         t0 = time.perf_counter()
         out = prepare()
-        warm_up_s[label] = time.perf_counter() - t0
-        print(f"{label}: shapes up to batch {max(cs)} ready in {warm_up_s[label]:.0f} s", flush=True)
+        seconds = time.perf_counter() - t0
+        warm_up_s[label] = warm_up_s.get(label, 0.0) + seconds
+        print(f"{label}: shapes up to batch {max(cs)} ready in {seconds:.0f} s", flush=True)
         return out
 
     plain = timed("plain", lambda: build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
