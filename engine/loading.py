@@ -140,8 +140,8 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change
         # the step first, as synthetic acceptance does, warm up themselves).
-        rows = args.compile_max_batch if args.compile else args.max_batch
         if args.compile_max_batch and (args.compile or decoder.graphs.enabled):
+            rows = args.compile_max_batch if args.compile else args.max_batch
             t0 = time.perf_counter()
             decoder.warm_up(rows)
             log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if args.compile else "captured",
