@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.steps and (args.draft or args.random_draft):
         if args.draft:
             from models.eagle3_checkpoint import load_drafter
-            drafter = load_drafter(args.draft, target.embed_tokens.weight, dtype=dtype, device=device)
+            drafter = load_drafter(args.draft, target.embed_tokens.weight, lm_head=target.lm_head.weight,
+                                   dtype=dtype, device=device)
             target.aux_layer_ids = list(drafter.config.aux_layer_ids)
         else:
             drafter = random_drafter(target, args.shape)

@@ -125,7 +125,7 @@ def cmd_train(a) -> int:
         limit_samples=a.limit_samples, max_steps=a.max_steps, stop_at=a.stop_at, time_limit_s=a.time_limit,
         time_budget_s=a.time_budget,
         save_every=a.save_every, keep_checkpoints=a.keep, log_every=a.log_every,
-        seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, init=a.init,
+        seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, shared_head=a.shared_head, init=a.init,
         resume=a.resume)
     from drafter.spool import SpoolError
     try:
@@ -327,6 +327,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto")
     t.add_argument("--no-init-lm-head", action="store_true", help="random lm_head instead of the target's rows")
+    t.add_argument("--shared-head", action="store_true",
+                   help="no lm_head of its own: borrow the target's (frozen, not saved, full vocabulary; SGLang "
+                        "and vLLM serve it from a config without draft_vocab_size)")
     t.add_argument("--init", metavar="DRAFTER",
                    help="start from this exported drafter (fine-tune it on --data): its weights and draft vocabulary")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")

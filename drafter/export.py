@@ -33,9 +33,10 @@ def export(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
     cfg = Eagle3Config(**json.loads((run / "drafter_config.json").read_text()))
     train_cfg = json.loads((run / "train_config.json").read_text())
     with torch.device("meta"):
-        d = Eagle3Drafter(cfg)   # the embedding stays on meta: it is the target's and never saved
+        d = Eagle3Drafter(cfg)   # the embedding (and a shared head) stay on meta: the target's, never saved
     missing, unexpected = d.load_state_dict(load_file(str(ckpt / WEIGHTS)), strict=False, assign=True)
-    if set(missing) != {"embed_tokens.weight"} or unexpected:
+    borrowed = {"embed_tokens.weight"} | ({"lm_head.weight"} if cfg.shared_head else set())   # the target's
+    if set(missing) != borrowed or unexpected:
         raise ValueError(f"{ckpt / WEIGHTS}: missing {missing}, unexpected {unexpected}")
     extra = train_cfg.get("extra") or {}
     target_layers = extra.get("target_num_hidden_layers")

@@ -47,6 +47,7 @@ class DrafterShape:
     mla: dict | None = None              # q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims
     options: list[str] | None = None     # EAGLE-3.1 options set in the config (EAGLE31_OPTIONS)
     architecture: str = ""
+    shared_head: bool = False            # no draft_vocab_size (a Llama drafter): the target's lm_head, borrowed
 
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -85,6 +86,7 @@ def shape_from_config(cfg: dict, name: str, target_layers: int | None = None,
         target_layers=ours.get("target_num_hidden_layers") or cfg.get("target_num_hidden_layers") or target_layers,
         capture_engine=ours.get("capture_engine") or captured_by, mla=mla,
         options=[k for k in EAGLE31_OPTIONS if cfg.get(k)], architecture=(cfg.get("architectures") or ["?"])[0],
+        shared_head="draft_vocab_size" not in cfg and mla is None,
     )
 
 
@@ -105,7 +107,7 @@ def breakdown(s: DrafterShape) -> dict[str, int]:
         "attention": attention,
         "mlp": 3 * h * s.intermediate,
         "norms": 4 * h + (s.num_aux * s.target_hidden if {"fc_norm", "use_aux_norm"} & set(s.options or []) else 0),
-        "lm_head": h * s.draft_vocab,
+        "lm_head": 0 if s.shared_head else h * s.draft_vocab,   # a shared head is the target's
     }
     parts["trainable"] = sum(v for k, v in parts.items() if not k.startswith("embedding"))
     parts["total (with embedding)"] = parts["trainable"] + parts["embedding (frozen, the target's)"]

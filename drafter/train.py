@@ -100,6 +100,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     init_lm_head: bool = True
+    shared_head: bool = False                # borrow the target's lm_head (frozen, never saved, full vocabulary)
     init: str | None = None                  # an exported drafter to start from (fine-tuning); its vocab
     resume: bool = False
     extra: dict = field(default_factory=dict)
@@ -146,7 +147,7 @@ def drafter_config(t, vocab: DraftVocab, aux: list[int], c: TrainConfig) -> Eagl
         head_dim=c.head_dim or t.head_dim,
         vocab_size=t.vocab_size, draft_vocab_size=vocab.size, target_hidden_size=t.hidden_size,
         aux_layer_ids=list(aux), rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
-        rope_scaling=t.rope_scaling, max_position_embeddings=t.max_position_embeddings,
+        rope_scaling=t.rope_scaling, max_position_embeddings=t.max_position_embeddings, shared_head=c.shared_head,
     )
 
 
@@ -159,7 +160,10 @@ def build_drafter(embed: torch.nn.Parameter, lm_head: torch.Tensor, vocab: Draft
     used = vocab.used.to(device)
     d.d2t.copy_(vocab.d2t.to(device))
     d.t2d.copy_(vocab.t2d(cfg.vocab_size).to(device))
-    if init_lm_head:
+    if cfg.shared_head:   # the target's, shared and frozen, as the embedding
+        d.lm_head.weight = lm_head if isinstance(lm_head, torch.nn.Parameter) else torch.nn.Parameter(lm_head)
+        d.lm_head.weight.requires_grad_(False)
+    elif init_lm_head:
         with torch.no_grad():
             d.lm_head.weight.copy_(lm_head[used].float())
     return d
@@ -185,8 +189,14 @@ def aux_outputs(c: TrainConfig, num_layers: int) -> list[int]:
     return aux
 
 
+def borrowed(d: Eagle3Drafter) -> dict[str, torch.Tensor]:
+    """The target's weights the drafter holds: never saved, put back on load."""
+    return {"embed_tokens.weight": d.embed_tokens.weight,
+            **({"lm_head.weight": d.lm_head.weight} if d.config.shared_head else {})}
+
+
 def trainable_state(d: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    return {k: v.detach().contiguous() for k, v in d.state_dict().items() if k != "embed_tokens.weight"}
+    return {k: v.detach().contiguous() for k, v in d.state_dict().items() if k not in borrowed(d)}
 
 
 def lr_at(step: int, total: int, warmup: int, base: float, min_ratio: float) -> float:
@@ -291,7 +301,17 @@ def train(c: TrainConfig) -> dict:
 
     vocab_file = Path(c.vocab or Path(c.data) / VOCAB_FILE)
     start_from = load_drafter(c.init, None) if c.init else None
-    vocab = DraftVocab.load(vocab_file) if start_from is None else drafter_vocab(start_from, vocab_file)
+    if start_from is not None and start_from.config.shared_head and not c.shared_head:
+        raise ValueError(f"--init {c.init} borrows the target's lm_head: fine-tune it with --shared-head")
+    if c.shared_head and (c.vocab or not c.init_lm_head):
+        raise ValueError("--shared-head drafts with the target's own head: it takes no --vocab or --no-init-lm-head")
+    if c.shared_head:   # the target's whole vocabulary: its head's rows, in order
+        vocab_size = read_hf_config(c.target)["vocab_size"]
+        vocab = DraftVocab(used=torch.arange(vocab_size), counts=torch.zeros(vocab_size, dtype=torch.long))
+    elif start_from is None:
+        vocab = DraftVocab.load(vocab_file)
+    else:
+        vocab = drafter_vocab(start_from, vocab_file)
     engine, store_dir, capture_store = fs.parse_features(c.features, c.keep_features)
     in_loop = engine == "native" and store_dir is None
     num_layers = read_hf_config(c.target)["num_hidden_layers"]
@@ -323,16 +343,16 @@ def train(c: TrainConfig) -> dict:
         head = TargetHead(t["norm"], lm_head, shape.rms_norm_eps)
     cfg = drafter_config(shape, vocab, aux, c)
     drafter = build_drafter(embed, lm_head, vocab, cfg, c.init_lm_head and ckpt is None and not c.init, device)
-    if start_from is not None and ckpt is None:
-        drafter.load_state_dict({k: v for k, v in trainable_state(start_from).items() if k in WEIGHT_NAMES},
-                                strict=False)
+    if start_from is not None and ckpt is None:   # onto the target's head: the layers only
+        keep = WEIGHT_NAMES - ({"lm_head.weight", "d2t", "t2d"} if c.shared_head else set())
+        drafter.load_state_dict({k: v for k, v in trainable_state(start_from).items() if k in keep}, strict=False)
     model = TTTModel(drafter, c.ttt_length, c.step_weight)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=cuda)
     start, trained_before = 0, 0.0
     if ckpt is not None:
         state = load_file(str(ckpt / WEIGHTS), device=str(device))
-        drafter.load_state_dict({**state, "embed_tokens.weight": drafter.embed_tokens.weight}, strict=True)
+        drafter.load_state_dict({**state, **borrowed(drafter)}, strict=True)
         st = torch.load(ckpt / STATE, map_location=device, weights_only=True)
         opt.load_state_dict(st["optimizer"])
         start, trained_before = st["step"], st.get("trained_s", 0.0)

@@ -89,7 +89,8 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     target = load_target(args.model, dtype=dtype, device=device, keep_gguf_q4=args.gguf_q4)
     drafter = None
     if args.speculation:
-        drafter = load_drafter(args.draft, target.embed_tokens.weight, dtype=dtype, device=device)
+        drafter = load_drafter(args.draft, target.embed_tokens.weight, lm_head=target.lm_head.weight, dtype=dtype,
+                               device=device)
         check_pair(target, drafter, args.draft)
         target.aux_layer_ids = list(drafter.config.aux_layer_ids)
         fuse_projections(drafter)

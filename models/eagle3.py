@@ -4,6 +4,8 @@ fc fuses the concatenated aux hidden states (3 * H_target -> H). The layer's q/k
 cat(input_layernorm(embed(token)), hidden_norm(hidden)) (2H wide); the residual stream is the
 hidden branch. The output hidden state (before the final norm) is fed back as the next
 step's hidden input. lm_head scores the draft vocabulary; `d2t` maps draft ids to target ids.
+A drafter with `shared_head` has no lm_head of its own: it borrows the target's (full
+vocabulary, frozen, never saved), as EAGLE-1/2 did and as SGLang and vLLM serve it.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class Eagle3Config:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 2048
     num_aux: int = 3
+    shared_head: bool = False   # lm_head is the target's, borrowed at load (draft_vocab_size == vocab_size)
 
 
 class Eagle3Layer(nn.Module):

@@ -6,6 +6,10 @@ safetensors file holds `midlayer.*`, `fc`, `norm`, `lm_head`, `d2t`, `t2d` and n
 `specserve`, which target layer OUTPUTS training captured and through which engine
 (`capture_engine`), so serving can be checked. A drafter whose draft vocabulary is the
 target's carries no d2t/t2d: vLLM refuses them then, SGLang and our loader need none.
+A drafter that borrows the target's lm_head (`shared_head`) carries no lm_head either, and its
+config no `draft_vocab_size`: that absence is what makes SGLang load the target's head (with the
+field, even at the full vocabulary, SGLang keeps a random head), and vLLM borrows the target's head
+when the checkpoint has none (vLLM PR #28549 on).
 Kimi drafters also come with MLA attention (SGLang/vLLM `Eagle3DeepseekV2ForCausalLM`):
 recognised by the checks, served by SGLang and vLLM only.
 """
@@ -48,7 +52,7 @@ def config_to_hf(c: Eagle3Config, serving_engine: str = "sglang-llama") -> dict:
         "head_dim": c.head_dim,
         "num_hidden_layers": 1,
         "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.draft_vocab_size,
+        **({} if c.shared_head else {"draft_vocab_size": c.draft_vocab_size}),
         "target_hidden_size": c.target_hidden_size,
         "hidden_act": "silu",
         "rms_norm_eps": c.rms_norm_eps,
@@ -73,7 +77,8 @@ def is_mla_drafter(cfg: dict) -> bool:
 def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
     """Parse an EAGLE-3 config.json (MLA drafters: the fields the pair checks need). Aux ids
     are turned into trained layer outputs."""
-    if is_mla_drafter(cfg) and "draft_vocab_size" not in cfg:  # SGLang and vLLM: the full vocabulary
+    shared_head = "draft_vocab_size" not in cfg and not is_mla_drafter(cfg)
+    if "draft_vocab_size" not in cfg:  # SGLang and vLLM: the full vocabulary (a Llama drafter's: the target's head)
         cfg = {**cfg, "draft_vocab_size": cfg.get("vocab_size")}
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
                            "draft_vocab_size") if k not in cfg]
@@ -92,7 +97,7 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
         target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
         aux_layer_ids=aux, rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=cfg.get("rope_theta", 10000.0), rope_scaling=cfg.get("rope_scaling"),
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048), shared_head=shared_head,
     )
 
 
@@ -110,6 +115,8 @@ def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16
         cfg["specserve"].update(extra)
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     state = {k: v for k, v in model.state_dict().items() if k in WEIGHT_NAMES}
+    if model.config.shared_head:
+        del state["lm_head.weight"]   # the target's: borrowed at load
     blocks = state["fc.weight"].chunk(len(ids), dim=1)
     state["fc.weight"] = torch.cat([blocks[k] for k in order], dim=1)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
@@ -120,9 +127,11 @@ def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16
     save_state_dict(state, path / WEIGHTS_FILE)
 
 
-def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, dtype=torch.float32,
-                 device="cpu") -> Eagle3Drafter:
-    """Load an EAGLE-3 checkpoint; `embed_tokens` is the target's embedding weight (frozen, shared)."""
+def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, lm_head: torch.Tensor | None = None,
+                 dtype=torch.float32, device="cpu") -> Eagle3Drafter:
+    """Load an EAGLE-3 checkpoint; `embed_tokens` is the target's embedding weight (frozen, shared),
+    `lm_head` the target's head, which a drafter with `shared_head` borrows (None: zeros, for
+    inspecting the rest)."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -139,6 +148,14 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, dtype=t
     if "d2t" not in state:  # draft vocab == full vocab
         state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
         state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    if config.shared_head:
+        if "lm_head.weight" in state:
+            raise ValueError(f"{path}: config.json has no draft_vocab_size, so SGLang would borrow the target's "
+                             f"lm_head, but the checkpoint holds one, which vLLM would use: drop one of the two")
+        state["lm_head.weight"] = torch.zeros(config.vocab_size, config.hidden_size) if lm_head is None else lm_head
+    elif "lm_head.weight" not in state:
+        raise ValueError(f"{path}: no lm_head in the checkpoint, yet config.json gives draft_vocab_size, so SGLang "
+                         f"would serve a random head: remove draft_vocab_size to borrow the target's lm_head")
     unknown = set(state) - WEIGHT_NAMES
     missing = WEIGHT_NAMES - set(state)
     if unknown or missing:
@@ -155,6 +172,7 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, dtype=t
         model = Eagle3Drafter(config)
     model.load_state_dict(state, strict=True, assign=True)
     model.embed_tokens.weight.requires_grad_(False)
+    model.lm_head.weight.requires_grad_(not config.shared_head)
     model.inv_freq = torch.empty(0)  # replaced below; meta buffers cannot move
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)

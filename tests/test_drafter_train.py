@@ -172,3 +172,40 @@ def test_init_starts_from_an_exported_drafter_with_its_vocabulary(setup):
     assert start.keys() == end.keys() and all(torch.equal(start[k], end[k]) for k in end)
     assert drafter(["train", "--target", str(setup[1]), "--data", str(setup[2]), "--out", str(setup[0] / "other"),
                     "--init", str(exported), "--aux-layers", "0,1,2", "--max-steps", "1"]) == 2   # other layers
+
+
+def test_a_shared_head_drafter_trains_exports_and_decodes_losslessly(setup):
+    """--shared-head: the target's lm_head, frozen, is the drafter's; checkpoints and the export
+    hold no head, the export's config no draft_vocab_size (what SGLang and vLLM need to borrow
+    the target's), and the native engine serving it changes no greedy token."""
+    import asyncio
+
+    from drafter.evaluate import greedy_replies
+    from engine.config import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine
+
+    root, target, _ = setup
+    run = _train(setup, "shared", "--shared-head", "--max-steps", "3", "--log-every", "1")
+    assert all(math.isfinite(json.loads(line)["loss"]) for line in (run / "log.jsonl").read_text().splitlines())
+    assert not {"lm_head.weight", "embed_tokens.weight"} & set(load_file(str(run / "checkpoints" / "step-00000003"
+                                                                               / "drafter.safetensors")))
+    out = root / "shared_export"
+    assert drafter(["export", str(run), str(out), "--dtype", "float32"]) == 0
+    assert "draft_vocab_size" not in json.loads((out / "config.json").read_text())
+    assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))
+
+    prompts = ["import os\n", "def main():\n", "class Config:\n"]
+
+    async def replies(spec):
+        engine = build_engine(NativeEngineArgs(model=str(target), draft=str(out) if spec else None, spec=spec,
+                                               device="cpu", dtype="float32", max_batch=2, max_context=256))
+        await engine.start()
+        try:
+            if spec:
+                d = engine.decoder.drafter
+                assert d.lm_head.weight.data_ptr() == engine.decoder.target.lm_head.weight.data_ptr()
+            return [r.token_ids for r in await greedy_replies(engine, prompts, 24)]
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(replies(SpecConfig(3))) == asyncio.run(replies(None))

@@ -1,8 +1,9 @@
 """EAGLE-3 checkpoints round-trip exactly and use SGLang's config keys and weight names."""
 import json
 
+import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from models.eagle3 import Eagle3Config, Eagle3Drafter
 from models.eagle3_checkpoint import WEIGHT_NAMES, load_drafter, save_drafter
@@ -95,3 +96,41 @@ def test_full_draft_vocabulary_carries_no_d2t_t2d(tmp_path):
     for k, v in d.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k
     assert json.loads((tmp_path / "config.json").read_text())["specserve"]["capture_engine"] == "native"
+
+
+def test_a_shared_head_drafter_stores_no_head_and_borrows_the_targets(tmp_path):
+    """No draft_vocab_size in the config (SGLang then loads the target's head) and no lm_head, d2t
+    or t2d in the weights (vLLM then shares the target's); loaded, its head is the target's tensor."""
+    torch.manual_seed(0)
+    cfg = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, vocab_size=10, draft_vocab_size=10, target_hidden_size=48,
+                       aux_layer_ids=[1, 3, 4], shared_head=True)
+    d = Eagle3Drafter(cfg)
+    for p in d.parameters():
+        p.data.normal_()
+    d.t2d.fill_(True)   # the whole vocabulary, each id its own (d2t zero)
+    save_drafter(d, tmp_path, dtype=torch.float32)
+    assert "draft_vocab_size" not in json.loads((tmp_path / "config.json").read_text())
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == WEIGHT_NAMES - {"lm_head.weight", "d2t", "t2d"}
+    head = torch.randn(10, 32)
+    loaded = load_drafter(tmp_path, d.embed_tokens.weight.data, lm_head=head)
+    assert loaded.config.shared_head and loaded.config.draft_vocab_size == 10
+    assert loaded.lm_head.weight.data_ptr() == head.data_ptr() and not loaded.lm_head.weight.requires_grad
+    for k, v in d.state_dict().items():
+        if k != "lm_head.weight":
+            assert torch.equal(v, loaded.state_dict()[k]), k
+
+
+def test_a_head_that_one_engine_would_use_and_the_other_not_is_refused(tmp_path):
+    """A config without draft_vocab_size beside a stored head (vLLM uses it, SGLang the target's),
+    and a config with draft_vocab_size without one (SGLang would serve a random head)."""
+    save_drafter(_drafter(), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "draft_vocab_size"}))
+    with pytest.raises(ValueError, match="SGLang would borrow the target's lm_head, but the checkpoint holds one"):
+        load_drafter(tmp_path, None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if k != "lm_head.weight"}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="SGLang would serve a random head: remove draft_vocab_size"):
+        load_drafter(tmp_path, None)
