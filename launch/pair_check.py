@@ -75,11 +75,28 @@ def quantization(cfg: dict) -> str | None:
     return method
 
 
+def weight_names(path: str) -> set[str]:
+    """The tensor names in a checkpoint's safetensors files, read from their headers (none: empty)."""
+    from safetensors import safe_open
+
+    from models.safetensors_io import weight_files
+
+    try:
+        files = weight_files(path)
+    except FileNotFoundError:
+        return set()
+    names: set[str] = set()
+    for f in files:
+        with safe_open(str(f), "pt") as t:
+            names |= set(t.keys())
+    return names
+
+
 def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
     """Raise PairMismatch when the drafter does not fit; return a one-line summary when it does."""
     from engine.loading import check_pair
     from models.aux_layers import captured_layer_outputs
-    from models.eagle3_checkpoint import ARCHITECTURE, config_from_hf, is_mla_drafter
+    from models.eagle3_checkpoint import ARCHITECTURE, config_from_hf, head_mismatch, is_mla_drafter
 
     t_file, d_file = Path(model_path) / "config.json", Path(draft_path) / "config.json"
     t_cfg, d_cfg = read_config(model_path), read_config(draft_path)
@@ -88,6 +105,10 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
         d = config_from_hf(d_cfg, str(d_file))
     except ValueError as e:
         raise PairMismatch(str(e)) from e
+    names = weight_names(draft_path)
+    mismatch = head_mismatch(d_cfg, names) if names else None   # a config-only shape has no weights to check
+    if mismatch:
+        raise PairMismatch(f"{draft_path}: {mismatch}")
     try:
         check_pair(SimpleNamespace(config=t), SimpleNamespace(config=d), draft_path)
     except ValueError as e:

@@ -41,22 +41,14 @@ def aux_plan(draft: str, num_layers: int) -> tuple[list[int], list[int], bool]:
 
 def needs_copy(draft: str, num_layers: int) -> bool:
     """Whether vLLM would capture other layers from the configured ids, or find d2t/t2d it refuses."""
-    from safetensors import safe_open
-
-    from models.safetensors_io import weight_files
+    from launch.pair_check import weight_names
 
     cfg = json.loads((Path(draft) / "config.json").read_text())
     parsed = config_from_hf(cfg, str(Path(draft) / "config.json"))
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids != aux_plan(draft, num_layers)[0]:
         return True
-    if parsed.draft_vocab_size != parsed.vocab_size:
-        return False
-    for f in weight_files(draft):
-        with safe_open(str(f), "pt") as t:
-            if {"d2t", "t2d"} & set(t.keys()):
-                return True
-    return False
+    return parsed.draft_vocab_size == parsed.vocab_size and bool({"d2t", "t2d"} & weight_names(draft))
 
 
 def vllm_copy(draft: str, num_layers: int) -> str:

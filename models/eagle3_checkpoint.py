@@ -101,6 +101,22 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
     )
 
 
+def head_mismatch(cfg: dict, weight_names: set[str]) -> str | None:
+    """Why SGLang and vLLM would serve this Llama drafter with different heads, or None. SGLang
+    borrows the target's lm_head exactly when the config has no draft_vocab_size, vLLM exactly when
+    the checkpoint has no lm_head."""
+    if is_mla_drafter(cfg):
+        return None
+    has_head = "lm_head.weight" in {n.removeprefix("model.") for n in weight_names}
+    if "draft_vocab_size" not in cfg and has_head:
+        return ("config.json has no draft_vocab_size, so SGLang would borrow the target's lm_head, but the "
+                "checkpoint holds one, which vLLM would use: drop one of the two")
+    if "draft_vocab_size" in cfg and not has_head:
+        return ("no lm_head in the checkpoint, yet config.json gives draft_vocab_size, so SGLang would serve a "
+                "random head: remove draft_vocab_size to borrow the target's lm_head")
+    return None
+
+
 def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16,
                  serving_engine: str = "sglang-llama", extra: dict | None = None) -> None:
     """Write the checkpoint; fc's input blocks go in ascending aux-layer order, the order SGLang
@@ -148,14 +164,11 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, lm_head
     if "d2t" not in state:  # draft vocab == full vocab
         state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
         state["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    mismatch = head_mismatch(cfg, set(state))
+    if mismatch:
+        raise ValueError(f"{path}: {mismatch}")
     if config.shared_head:
-        if "lm_head.weight" in state:
-            raise ValueError(f"{path}: config.json has no draft_vocab_size, so SGLang would borrow the target's "
-                             f"lm_head, but the checkpoint holds one, which vLLM would use: drop one of the two")
         state["lm_head.weight"] = torch.zeros(config.vocab_size, config.hidden_size) if lm_head is None else lm_head
-    elif "lm_head.weight" not in state:
-        raise ValueError(f"{path}: no lm_head in the checkpoint, yet config.json gives draft_vocab_size, so SGLang "
-                         f"would serve a random head: remove draft_vocab_size to borrow the target's lm_head")
     unknown = set(state) - WEIGHT_NAMES
     missing = WEIGHT_NAMES - set(state)
     if unknown or missing:

@@ -216,3 +216,19 @@ def test_every_engine_and_server_setting_is_a_flag_that_beats_the_profile(capsys
     assert "max_context=4096" in out  # what the flags leave alone stays the profile's
     rc, _, err = run_cli(capsys, "--dry-run", "--profile", "cpu-default", "--max-batch", "0")
     assert rc == 2 and "specserve: error: --max-batch: native.max_batch: must be >= 1, got 0" in err
+
+
+def test_a_drafter_whose_head_sglang_would_leave_random_is_refused(capsys, environ_restored, tmp_path):
+    """draft_vocab_size in the config and no lm_head in the weights: SGLang keeps a random head
+    (vLLM would borrow the target's). Dropping the field is what both engines read as borrowing."""
+    import torch
+    from safetensors.torch import save_file
+
+    t, d = llama_target(tmp_path / "t"), eagle3_drafter(tmp_path / "d")
+    save_file({"fc.weight": torch.zeros(64, 192)}, str(d / "model.safetensors"))
+    rc, _, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(d))
+    assert rc == 2 and "SGLang would serve a random head: remove draft_vocab_size" in err
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "draft_vocab_size"}))
+    rc, out, err = run_cli(capsys, "--dry-run", "--profile", "reference", "--model", str(t), "--draft", str(d))
+    assert rc == 0, err
