@@ -34,6 +34,8 @@
 # A second `data` call before `train` resumes the answering (ids already answered are skipped), and
 # so does an earlier build's returned generated.jsonl.gz, carried in pieces to runs/prev_parts/.
 # INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
+# SHARED_HEAD=1: the drafter borrows the target's lm_head (no head of its own, full vocabulary); its logits
+# are 6x the 8,192-row head's, so give it TRAIN_BATCH=8 GRAD_ACCUM=4 for session 14's 32 sequences a step.
 # PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
 # these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
 # The files are answered interleaved in proportion to their sizes, so within DATA_S a small file beside
@@ -60,7 +62,7 @@ DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKE
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
 EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl (mtbench from session 26)
 RETURN_DATA=${RETURN_DATA:-1}; PROMPTS_FROM=${PROMPTS_FROM:-}
-INIT=${INIT:-}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
+INIT=${INIT:-}; SHARED_HEAD=${SHARED_HEAD:-0}; GRAD_ACCUM=${GRAD_ACCUM:-1}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
 wheels() {  # gguf, datasketch, pydantic: not in the GPU image
@@ -132,13 +134,14 @@ train() {
     n=$(records) || exit 3
     run=$W/run; resume=(); [ -d $run ] && resume=(--resume)
     [ -n "$INIT" ] && resume+=(--init "$INIT")
+    [ "$SHARED_HEAD" = 1 ] && resume+=(--shared-head)   # the target's head (smollm2_build/shared_head_s28)
     # Segments that grow in place, for batches of ever-changing lengths: with them (and batches
     # padded to multiples of 64) session 14's steps took 0.092 s, session 13's 0.4-1.1 s. Only for
     # the native in-loop trainer: vLLM's hidden-states connector refuses it in a capture process.
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
     log "train: $n conversations, ${TRAIN_BUDGET_S}s of training, at most ${TRAIN_S}s this call ${resume[*]}"
     python3 -m drafter train --target $W/target --data $W/data --out $run --batch-size "$TRAIN_BATCH" \
-      --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" \
+      --grad-accum "$GRAD_ACCUM" --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" \
       --time-budget "$TRAIN_BUDGET_S" --time-limit "$TRAIN_S" --save-every 200 "${resume[@]}" > $W/train.log 2>&1
     tail -1 $W/train.log | tee $W/train_state.json
     if ! grep -q '"finished": true' $W/train_state.json; then
