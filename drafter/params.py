@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.aux_layers import capture_convention, captured_layer_outputs, serving_ids_for
-from models.eagle3_checkpoint import EAGLE31_OPTIONS, is_mla_drafter
+from models.eagle3_checkpoint import EAGLE31_OPTIONS, borrows_target_head, is_mla_drafter
 
 ENGINES = ("sglang-llama", "sglang-deepseek", "vllm")
 
@@ -86,7 +86,7 @@ def shape_from_config(cfg: dict, name: str, target_layers: int | None = None,
         target_layers=ours.get("target_num_hidden_layers") or cfg.get("target_num_hidden_layers") or target_layers,
         capture_engine=ours.get("capture_engine") or captured_by, mla=mla,
         options=[k for k in EAGLE31_OPTIONS if cfg.get(k)], architecture=(cfg.get("architectures") or ["?"])[0],
-        shared_head="draft_vocab_size" not in cfg and mla is None,
+        shared_head=borrows_target_head(cfg),
     )
 
 

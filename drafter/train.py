@@ -301,6 +301,10 @@ def train(c: TrainConfig) -> dict:
 
     vocab_file = Path(c.vocab or Path(c.data) / VOCAB_FILE)
     start_from = load_drafter(c.init, None) if c.init else None
+    recorded_head = ckpt is not None and json.loads((out / "drafter_config.json").read_text()).get("shared_head")
+    if ckpt is not None and bool(recorded_head) != c.shared_head:
+        raise ValueError(f"{out}: the run was started {'with' if recorded_head else 'without'} --shared-head; "
+                         f"resume it the same way")
     if start_from is not None and start_from.config.shared_head and not c.shared_head:
         raise ValueError(f"--init {c.init} borrows the target's lm_head: fine-tune it with --shared-head")
     if c.shared_head and (c.vocab or not c.init_lm_head):

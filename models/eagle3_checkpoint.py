@@ -74,10 +74,15 @@ def is_mla_drafter(cfg: dict) -> bool:
     return any(a in MLA_ARCHITECTURES for a in cfg.get("architectures") or [])
 
 
+def borrows_target_head(cfg: dict) -> bool:
+    """SGLang's rule for a Llama EAGLE-3 config: no draft_vocab_size means the target's lm_head."""
+    return "draft_vocab_size" not in cfg and not is_mla_drafter(cfg)
+
+
 def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
     """Parse an EAGLE-3 config.json (MLA drafters: the fields the pair checks need). Aux ids
     are turned into trained layer outputs."""
-    shared_head = "draft_vocab_size" not in cfg and not is_mla_drafter(cfg)
+    shared_head = borrows_target_head(cfg)
     if "draft_vocab_size" not in cfg:  # SGLang and vLLM: the full vocabulary (a Llama drafter's: the target's head)
         cfg = {**cfg, "draft_vocab_size": cfg.get("vocab_size")}
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
@@ -108,10 +113,10 @@ def head_mismatch(cfg: dict, weight_names: set[str]) -> str | None:
     if is_mla_drafter(cfg):
         return None
     has_head = "lm_head.weight" in {n.removeprefix("model.") for n in weight_names}
-    if "draft_vocab_size" not in cfg and has_head:
+    if borrows_target_head(cfg) and has_head:
         return ("config.json has no draft_vocab_size, so SGLang would borrow the target's lm_head, but the "
                 "checkpoint holds one, which vLLM would use: drop one of the two")
-    if "draft_vocab_size" in cfg and not has_head:
+    if not borrows_target_head(cfg) and not has_head:
         return ("no lm_head in the checkpoint, yet config.json gives draft_vocab_size, so SGLang would serve a "
                 "random head: remove draft_vocab_size to borrow the target's lm_head")
     return None

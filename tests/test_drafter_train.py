@@ -189,6 +189,8 @@ def test_a_shared_head_drafter_trains_exports_and_decodes_losslessly(setup):
     assert all(math.isfinite(json.loads(line)["loss"]) for line in (run / "log.jsonl").read_text().splitlines())
     assert not {"lm_head.weight", "embed_tokens.weight"} & set(load_file(str(run / "checkpoints" / "step-00000003"
                                                                                / "drafter.safetensors")))
+    assert drafter(["train", "--target", str(target), "--data", str(setup[2]), "--out", str(run), "--max-steps", "4",
+                    "--resume"]) == 2   # a run started with --shared-head resumes with it
     out = root / "shared_export"
     assert drafter(["export", str(run), str(out), "--dtype", "float32"]) == 0
     assert "draft_vocab_size" not in json.loads((out / "config.json").read_text())
