@@ -76,10 +76,11 @@ def quantization(cfg: dict) -> str | None:
 
 
 def weight_names(path: str) -> set[str]:
-    """The tensor names in a checkpoint's safetensors files, read from their headers (none: empty)."""
+    """The tensor names in a checkpoint's safetensors files, read from their headers (none: empty).
+    A file that is not a complete safetensors file raises check_safetensors' ValueError."""
     from safetensors import safe_open
 
-    from models.safetensors_io import weight_files
+    from models.safetensors_io import check_safetensors, weight_files
 
     try:
         files = weight_files(path)
@@ -87,6 +88,7 @@ def weight_names(path: str) -> set[str]:
         return set()
     names: set[str] = set()
     for f in files:
+        check_safetensors(f)
         with safe_open(str(f), "pt") as t:
             names |= set(t.keys())
     return names
@@ -105,7 +107,10 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
         d = config_from_hf(d_cfg, str(d_file))
     except ValueError as e:
         raise PairMismatch(str(e)) from e
-    names = weight_names(draft_path)
+    try:
+        names = weight_names(draft_path)
+    except ValueError:   # a broken file: check_checkpoint_files names it, with the setting that gave the path
+        names = set()
     mismatch = head_mismatch(d_cfg, names) if names else None   # a config-only shape has no weights to check
     if mismatch:
         raise PairMismatch(f"{draft_path}: {mismatch}")
