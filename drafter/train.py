@@ -300,17 +300,19 @@ def train(c: TrainConfig) -> dict:
         raise FileExistsError(f"{out}: already has checkpoints; pass --resume or choose a new --out")
 
     vocab_file = Path(c.vocab or Path(c.data) / VOCAB_FILE)
+    target_cfg = read_hf_config(c.target)
     start_from = load_drafter(c.init, None) if c.init else None
-    recorded_head = ckpt is not None and json.loads((out / "drafter_config.json").read_text()).get("shared_head")
-    if ckpt is not None and bool(recorded_head) != c.shared_head:
-        raise ValueError(f"{out}: the run was started {'with' if recorded_head else 'without'} --shared-head; "
+    recorded = out / "drafter_config.json"   # a resumed run keeps its drafter's shape
+    resumed = json.loads(recorded.read_text()) if ckpt is not None and recorded.exists() else None
+    if resumed is not None and bool(resumed.get("shared_head")) != c.shared_head:
+        raise ValueError(f"{out}: the run was started {'without' if c.shared_head else 'with'} --shared-head; "
                          f"resume it the same way")
     if start_from is not None and start_from.config.shared_head and not c.shared_head:
         raise ValueError(f"--init {c.init} borrows the target's lm_head: fine-tune it with --shared-head")
     if c.shared_head and (c.vocab or not c.init_lm_head):
         raise ValueError("--shared-head drafts with the target's own head: it takes no --vocab or --no-init-lm-head")
     if c.shared_head:   # the target's whole vocabulary: its head's rows, in order
-        vocab_size = read_hf_config(c.target)["vocab_size"]
+        vocab_size = target_cfg["vocab_size"]
         vocab = DraftVocab(used=torch.arange(vocab_size), counts=torch.zeros(vocab_size, dtype=torch.long))
     elif start_from is None:
         vocab = DraftVocab.load(vocab_file)
@@ -318,13 +320,12 @@ def train(c: TrainConfig) -> dict:
         vocab = drafter_vocab(start_from, vocab_file)
     engine, store_dir, capture_store = fs.parse_features(c.features, c.keep_features)
     in_loop = engine == "native" and store_dir is None
-    num_layers = read_hf_config(c.target)["num_hidden_layers"]
+    num_layers = target_cfg["num_hidden_layers"]
     # Ascending aux layers: SGLang and vLLM concatenate in that order (models/aux_layers.py); a
     # resumed run keeps the layers it was trained with.
-    recorded = out / "drafter_config.json"
     aux = aux_outputs(c, num_layers)
-    if ckpt is not None and recorded.exists():
-        aux = json.loads(recorded.read_text())["aux_layer_ids"]
+    if resumed is not None:
+        aux = resumed["aux_layer_ids"]
     if start_from is not None and sorted(start_from.config.aux_layer_ids) != aux:
         raise ValueError(f"--init {c.init}: trained on layer outputs {start_from.config.aux_layer_ids}, this run "
                          f"trains on {aux} (--aux-layers)")

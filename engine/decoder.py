@@ -185,13 +185,10 @@ class BatchDecoder:
         # benchmarks/results/startup/): compile_prefill False trades the shorter first token for a
         # faster start.
         self._prefill_fns = (self._prefill_target, self._prefill_drafter)
-        if self.compiled and prefill_graphs and compile_prefill:
-            if compile_cache:  # saved ahead of time as the steps are, each called with this decoder
-                self._prefill_fns = tuple(
-                    functools.partial(SavedCompile(f, compile_cache, f.__name__.strip("_"), True, {}), self)
-                    for f in (BatchDecoder._prefill_target, BatchDecoder._prefill_drafter))
-            else:
-                self._prefill_fns = tuple(torch.compile(f, dynamic=True) for f in self._prefill_fns)
+        if self.compiled and prefill_graphs and compile_prefill:  # as the steps are, called with this decoder
+            self._prefill_fns = tuple(functools.partial(_compiled(f, compile_cache, f.__name__.strip("_"), True, {}),
+                                                        self)
+                                      for f in (BatchDecoder._prefill_target, BatchDecoder._prefill_drafter))
 
     def __getstate__(self) -> dict:
         """The decoder as a saved compiled step pickles it (engine/saved_compile.py: its guards'
