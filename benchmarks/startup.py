@@ -69,10 +69,21 @@ def child(args) -> dict:
                       "accept_length": r.accept_length})
         print(f"c={c}: max gap {r.max_gap_s * 1000:.0f} ms, {r.throughput:.1f} tok/s", flush=True)
     engine.stop_blocking()
-    return {"import_s": imported, "ready_s": ready, "compile_s": compile_s, "loads": loads}
+    return {"import_s": imported, "ready_s": ready, "compile_s": compile_s, "loads": loads,
+            "saved_compiles": engine.decoder.saved_compiles()}
 
 
-COMPILING = "_compile.compile_inner"   # compile_times' total: dynamo's tracing plus the backend
+# compile_times' phases: a compile's total is "_compile.compile_inner" for a lazy torch.compile and
+# "fullgraph_capture" for one ahead of time (--saved-steps), each dynamo's tracing plus the backend
+# (AOT autograd and inductor, or their cache). Coordinate-descent tuning runs at a kernel's first
+# launch, outside them: a warm start that finds no tuned config in the cache tunes again.
+PHASES = {"compiling": ("_compile.compile_inner", "fullgraph_capture"), "tracing": ("bytecode_tracing",),
+          "backend": ("create_aot_dispatcher_function", "AOTAutogradCache.inductor_load"),
+          "tuning": ("CachingAutotuner.coordinate_descent_tuning",)}
+
+
+def phase_seconds(compile_s: dict[str, float]) -> dict[str, float]:
+    return {phase: round(sum(compile_s.get(k, 0.0) for k in keys), 1) for phase, keys in PHASES.items()}
 
 
 def compile_seconds() -> dict[str, float]:
@@ -113,6 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.child:
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         print("RESULT " + json.dumps(child(args)), flush=True)
         return {}
     shutil.rmtree(args.cache_dir, ignore_errors=True)
@@ -128,17 +141,20 @@ def main(argv: list[str] | None = None) -> dict:
             raise RuntimeError(f"{kind} start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                                f"{proc.stderr[-3000:]}")
         starts[kind] = {**json.loads(line[7:]), "process_s": wall}
-        c = starts[kind]["compile_s"]
-        print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s "
-              f"(compiling {c.get(COMPILING, 0):.1f} s: "
-              f"dynamo's tracing {c.get('bytecode_tracing', 0):.1f} s, the backend "
-              f"{c.get('OutputGraph.call_user_compiler', 0):.1f} s)", flush=True)
+        if args.out:   # the child's log: the engine's own lines (saved steps loaded or compiled, warnings)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).with_suffix(f".{kind}.log").write_text(proc.stderr)
+        p = phase_seconds(starts[kind]["compile_s"])
+        print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s (compiling {p['compiling']} s: dynamo's tracing "
+              f"{p['tracing']} s, the backend {p['backend']} s; coordinate-descent tuning {p['tuning']} s); "
+              f"saved compiles loaded/compiled: {starts[kind]['saved_compiles'] or '-'}", flush=True)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
               "provenance": provenance(argv)}
     if args.out:
-        rows = [[kind, round(s["ready_s"], 1), round(s["compile_s"].get(COMPILING, 0), 1)]
+        rows = [[kind, round(s["ready_s"], 1), *phase_seconds(s["compile_s"]).values()]
                 + [round(x["max_gap_ms"]) for x in s["loads"]] for kind, s in starts.items()]
-        table = md_table(["start", "engine ready s", "of which compiling s"]
+        table = md_table(["start", "engine ready s", "compiling s", "of which tracing s", "of which backend s",
+                          "coordinate-descent tuning s"]
                          + [f"max gap ms, c={c}" for c in args.concurrency], rows)
         title = f"# Start-up {'without' if args.no_compile else 'with'} compile"
         write_result(Path(args.out), result, f"{title}\n\n`{result['provenance']['command']}`\n\n{table}")

@@ -190,6 +190,14 @@ class BatchDecoder:
                                                         self)
                                       for f in (BatchDecoder._prefill_target, BatchDecoder._prefill_drafter))
 
+    def saved_compiles(self) -> dict[str, dict[str, int]]:
+        """For each step and prefill compiled ahead of time (compile_cache) and called so far: how
+        many compiles it loaded from disk and how many it compiled and saved here. A warm start that
+        compiled none traced nothing."""
+        fns = [*self._fns.values(), *self._fns_rows.values(), *(getattr(f, "func", f) for f in self._prefill_fns)]
+        return {f.name: {"loaded": f.loaded, "compiled": f.compiled} for f in fns
+                if isinstance(f, SavedCompile) and f.loaded + f.compiled}
+
     def __getstate__(self) -> dict:
         """The decoder as a saved compiled step pickles it (engine/saved_compile.py: its guards'
         view of the step's argument, tensors as shapes only), less what no step reads: the

@@ -147,6 +147,10 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
             decoder.warm_up(rows)
             log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if args.compile else "captured",
                      rows, time.perf_counter() - t0)
+            if saved := decoder.saved_compiles():
+                log.info("compiles in %s: %d loaded, %d compiled and saved (%s)", args.compile_cache,
+                         sum(c["loaded"] for c in saved.values()), sum(c["compiled"] for c in saved.values()),
+                         ", ".join(f"{k} {c['loaded']}/{c['compiled']}" for k, c in saved.items()))
         info.max_context, info.device = max_context, str(device)
         info.extra = {"dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."), "model_path": args.model,
                       "draft_path": args.draft or ""}

@@ -60,7 +60,7 @@ class SavedCompile:
     def __init__(self, fn: Callable, folder: str | Path, name: str, dynamic: bool, options: dict,
                  marks: tuple[tuple[int, int], ...] = ()):
         self.fn, self.dynamic, self.options, self.marks = fn, dynamic, options, marks
-        self.folder = Path(folder)
+        self.folder, self.name = Path(folder), name
         key = json.dumps([name, dynamic, options, marks, code_fingerprint()], sort_keys=True)
         self.prefix = f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
         self.saved: list | None = None    # loaded at the first call

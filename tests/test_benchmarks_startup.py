@@ -22,3 +22,4 @@ def test_cold_and_warm_starts(tmp_path):
         assert all(x["throughput"] > 0 and x["accept_length"] > 1 for x in s["loads"])
     assert json.loads(out.read_text())["settings"]["no_compile"] is True
     assert "| cold |" in out.with_suffix(".md").read_text()
+    assert f"loaded {ROOT / 'shipped/target'} on cpu" in out.with_suffix(".warm.log").read_text()   # the engine's log

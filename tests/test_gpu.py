@@ -38,10 +38,12 @@ def build(dtype):
 
 
 @torch.inference_mode()
-def decode(t, d, spec, prompts, fast, n=48, compile=False, prefill_graphs=False, alone=False, compile_cache=None):
-    """alone: one prefill per prompt (a lone prompt is what `prefill_graphs` captures)."""
-    dec = BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile,
-                       prefill_graphs=prefill_graphs, compile_cache=compile_cache)
+def decode(t, d, spec, prompts, fast, n=48, compile=False, prefill_graphs=False, alone=False, compile_cache=None,
+           dec=None):
+    """alone: one prefill per prompt (a lone prompt is what `prefill_graphs` captures); dec: on this
+    decoder instead of a new one."""
+    dec = dec or BatchDecoder(t, d if spec else None, spec, 4, 512, fast_greedy=fast, compile=compile,
+                              prefill_graphs=prefill_graphs, compile_cache=compile_cache)
     if alone:
         outs = [dec.prefill_rows(row, [p], BatchSampling.all_greedy_rows(1, "cuda"))[0].tokens
                 for row, p in enumerate(prompts)]
@@ -66,16 +68,25 @@ def test_graph_and_compiled_steps_equal_eager(dtype, steps, batch):
         assert decode(t, d, spec, prompts, fast=True, compile=True) == eager
 
 
-def test_saved_steps_equal_eager(tmp_path):
-    """compile_cache under CUDA graphs: the 3-step chain (fp32) at batch 1 and 3 and its captured
-    prefills, compiled ahead of time and saved by one decoder, then loaded by another, give the
-    eager tokens both times (engine/saved_compile.py; its CPU test is in test_lossless.py)."""
+@pytest.mark.timeout(900)
+def test_saved_steps_load_and_equal_eager(tmp_path):
+    """compile_cache under CUDA graphs: the 3-step chain (fp32) at batch 1, then 3, and its captured
+    prefills are compiled ahead of time and saved by one decoder, then loaded by another, which
+    compiles nothing; both give the eager tokens (engine/saved_compile.py; its CPU test is in
+    test_lossless.py). On the H200 (session 29) this ran past 300 s and a warm start still traced:
+    the counts say which compile a new decoder does not load."""
     t, d = build(torch.float32)
-    for batch in (1, 3):
-        eager = decode(t, d, SpecConfig(3), PROMPTS[:batch], fast=False, alone=True)
-        for _ in range(2):
-            assert decode(t, d, SpecConfig(3), PROMPTS[:batch], fast=True, compile=True, prefill_graphs=True,
-                          alone=True, compile_cache=str(tmp_path)) == eager
+    eager = {b: decode(t, d, SpecConfig(3), PROMPTS[:b], fast=False, alone=True) for b in (1, 3)}
+    for run in ("saves", "loads"):
+        dec = BatchDecoder(t, d, SpecConfig(3), 4, 512, fast_greedy=True, compile=True, prefill_graphs=True,
+                           compile_cache=str(tmp_path))
+        for b in (1, 3):
+            assert decode(t, d, SpecConfig(3), PROMPTS[:b], fast=True, alone=True, dec=dec) == eager[b], run
+        counts = dec.saved_compiles()
+        print(run, counts)
+        assert {"chain-b1", "chain-rows", "prefill_target-rows"} <= set(counts)
+        assert all(c == ({"loaded": 0, "compiled": 1} if run == "saves" else {"loaded": 1, "compiled": 0})
+                   for c in counts.values()), (run, counts)
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])

@@ -35,7 +35,8 @@
 # so does an earlier build's returned generated.jsonl.gz, carried in pieces to runs/prev_parts/.
 # INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
 # SHARED_HEAD=1: the drafter borrows the target's lm_head (no head of its own, full vocabulary); its logits
-# are 6x the 8,192-row head's, so give it TRAIN_BATCH=8 GRAD_ACCUM=4 for session 14's 32 sequences a step.
+# are 6x the 8,192-row head's. Session 29 ran TRAIN_BATCH=8 GRAD_ACCUM=4 (32 sequences a step, as session
+# 14's): 17.5 GB at peak and 0.43 s a step, so on an H200 TRAIN_BATCH=32 alone should fit (benchmarks/results/h200_s29).
 # PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
 # these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
 # The files are answered interleaved in proportion to their sizes, so within DATA_S a small file beside

@@ -15,7 +15,7 @@
 #       CACHE (default $W/startup_inductor, emptied first; $W/inductor warms the sweeps' plain compile) (session 26 on);
 #       SAVED_STEPS=1 saves the compiled decode steps there and the warm start loads them (session 27 on)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
-# the tests' -k expression (default "not compiled or deferred"); NO_COMPILE_PREFILL=1 captures the sweeps' prefills
+# the tests' -k expression (default "not compiled or deferred"), TESTS_S their time limit (default 300); NO_COMPILE_PREFILL=1 captures the sweeps' prefills
 # uncompiled (session 26 on).
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
 # live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
@@ -38,7 +38,8 @@ sweep() {  # name, args...
 }
 case "$1" in
 tests)
-    run 300 python3 -m pytest -m gpu tests/test_gpu.py -k "${TESTS_K:-not compiled or deferred}" -p no:cacheprovider \
+    run "${TESTS_S:-300}" python3 -m pytest -s -m gpu tests/test_gpu.py -k "${TESTS_K:-not compiled or deferred}" \
+        -p no:cacheprovider \
         2>&1 | tee "$OUT/gpu_tests.txt" | tail -3 ;;
 batch1)
     P=${PROMPTS:-chat}
