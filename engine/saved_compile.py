@@ -11,8 +11,9 @@ caches are read from that argument, not baked in.
 A loaded step still checks its guards on every call (shapes, the step count, the batch range). A call
 that no saved step accepts gets a compile of its own, saved beside the others. The compiled prefills
 are saved the same way. The guards do not cover the code that was traced, torch's version or the
-options, so artifact names carry a fingerprint of those. Kernels still come from inductor's cache
-(TORCHINDUCTOR_CACHE_DIR): without it a load compiles them again.
+options, so artifact names carry a fingerprint of those; the first call removes the function's
+artifacts saved under another fingerprint, which no process of this version loads. Kernels still
+come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without it a load compiles them again.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -71,6 +73,7 @@ class SavedCompile:
         if self.lazy is not None:
             return self.lazy(*marked(args, self.marks))
         if self.saved is None:
+            self._remove_stale()
             loaded = (self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot")))
             self.saved = [s for s in loaded if s is not None]
         step = next((s for s in self.saved if s.guard_check(*args)), None)
@@ -83,6 +86,16 @@ class SavedCompile:
                 return self.lazy(*marked(args, self.marks))
             self.saved.append(step)
         return step(*args)
+
+    def _remove_stale(self) -> None:
+        """Removes this function's compiles saved under another fingerprint. Those were saved by
+        other code, another torch or other options, and no process of this version loads them, so
+        without this an upgraded server's folder would only grow."""
+        stale = re.compile(rf"{re.escape(self.name)}-[0-9a-f]{{16}}-[0-9]+\.aot")
+        for path in self.folder.glob(f"{self.name}-*.aot"):
+            if stale.fullmatch(path.name) and not path.name.startswith(self.prefix + "-"):
+                log.info("%s: saved by another version, removed", path)
+                path.unlink(missing_ok=True)
 
     def _load(self, path: Path):
         """A saved step, or None (and the file removed) if it does not load: a broken cache entry
