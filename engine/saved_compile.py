@@ -52,6 +52,16 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+def rejection(step, args: tuple) -> str:
+    """The guards of a saved compile that `args` fail, in dynamo's words. It reads the artifact's
+    private guard manager, so it is only for the log."""
+    try:
+        failed = step._artifacts.guard_manager.check_verbose(step.prepare_f_locals(*args)).verbose_code_parts
+        return ", ".join(failed) or "no guard named"
+    except Exception as e:  # noqa: BLE001 - torch internals may change: the log says so, the call goes on
+        return f"no reason available ({type(e).__name__})"
+
+
 class SavedCompile:
     """A function whose first argument is the decoder, compiled ahead of time once for every call
     that no earlier compile's guards accept. Each compile is saved in `folder` and loaded there by
@@ -78,6 +88,9 @@ class SavedCompile:
             self.saved = [s for s in loaded if s is not None]
         step = next((s for s in self.saved if s.guard_check(*args)), None)
         if step is None:
+            if self.saved:   # a new shape, or guards that another process's compile fails: say which
+                log.info("%s: none of its %d saved compiles accepts this call (%s); compiling another", self.name,
+                         len(self.saved), "; ".join(rejection(s, args) for s in self.saved))
             n = 0
             while (path := self.folder / f"{self.prefix}-{n}.aot").exists():
                 n += 1

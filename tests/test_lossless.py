@@ -122,7 +122,7 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path):
     """`compile_cache`: a compiled engine compiles its decode steps (batch 1, and the dynamic batch)
     and its captured prefill ahead of time and saves them; a second engine over the same folder
     loads them, so dynamo traces nothing and nothing compiles again. Both give the eager greedy
-    tokens. A compile saved by another version is removed."""
+    tokens (the folder's housekeeping: test_saved_compile.py)."""
     from torch._dynamo.utils import counters
     prompts, expected = models["prompts"][1:], models["baseline"][1:]
 
@@ -139,10 +139,7 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path):
         return outs, dec.saved_compiles()
 
     names = ("plain-b1", "plain-rows", "prefill_target-rows")
-    stale, other = tmp_path / "plain-b1-0123456789abcdef-0.aot", tmp_path / "plain-b1x-0123456789abcdef-0.aot"
-    stale.write_bytes(b"an older version's compile"), other.write_bytes(b"not this function's")
     outs, saved = decode_alone_then_both()
-    assert not stale.exists() and other.exists()   # no process of this version would load it
     assert outs == expected[:1] + expected and saved == {k: {"loaded": 0, "compiled": 1} for k in names}
     traced = counters["stats"]["unique_graphs"]
     outs, saved = decode_alone_then_both()

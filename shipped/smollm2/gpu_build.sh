@@ -37,6 +37,8 @@
 # SHARED_HEAD=1: the drafter borrows the target's lm_head (no head of its own, full vocabulary); its logits
 # are 6x the 8,192-row head's. Session 29 ran TRAIN_BATCH=8 GRAD_ACCUM=4 (32 sequences a step, as session
 # 14's): 17.5 GB at peak and 0.43 s a step, so on an H200 TRAIN_BATCH=32 alone should fit (benchmarks/results/h200_s29).
+# INTERMEDIATE=N: the drafter's MLP width (default the target's, 1536); with SHARED_HEAD=1, 4096 fills the
+# 20 MB the own head leaves (19.0 MB: smollm2_build/shared_head_s28).
 # PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
 # these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
 # The files are answered interleaved in proportion to their sizes, so within DATA_S a small file beside
@@ -63,7 +65,7 @@ DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKE
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
 EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl (mtbench from session 26)
 RETURN_DATA=${RETURN_DATA:-1}; PROMPTS_FROM=${PROMPTS_FROM:-}
-INIT=${INIT:-}; SHARED_HEAD=${SHARED_HEAD:-0}; GRAD_ACCUM=${GRAD_ACCUM:-1}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
+INIT=${INIT:-}; SHARED_HEAD=${SHARED_HEAD:-0}; INTERMEDIATE=${INTERMEDIATE:-}; GRAD_ACCUM=${GRAD_ACCUM:-1}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
 
 wheels() {  # gguf, datasketch, pydantic: not in the GPU image
@@ -136,6 +138,7 @@ train() {
     run=$W/run; resume=(); [ -d $run ] && resume=(--resume)
     [ -n "$INIT" ] && resume+=(--init "$INIT")
     [ "$SHARED_HEAD" = 1 ] && resume+=(--shared-head)   # the target's head (smollm2_build/shared_head_s28)
+    [ -n "$INTERMEDIATE" ] && resume+=(--intermediate-size "$INTERMEDIATE")   # the drafter's MLP width
     # Segments that grow in place, for batches of ever-changing lengths: with them (and batches
     # padded to multiples of 64) session 14's steps took 0.092 s, session 13's 0.4-1.1 s. Only for
     # the native in-loop trainer: vLLM's hidden-states connector refuses it in a capture process.
