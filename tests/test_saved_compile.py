@@ -1,30 +1,44 @@
-"""engine/saved_compile.py on a toy function (the engine's steps: test_lossless.py, and test_gpu.py on a
-GPU): a call that no saved compile accepts compiles another and logs the guards it failed; a new
-process loads every compile and compiles none; compiles saved by another version are removed."""
-from __future__ import annotations
-
+"""engine/saved_compile.py on a small function (the decoder's use of it: tests/test_lossless.py):
+a second process-like start loads what the first saved, a call its guards reject gets a compile of
+its own beside it (the log names the guards it failed), a broken cache entry is compiled again
+instead of failing the start, and entries another version saved are removed."""
 import logging
+from types import SimpleNamespace
 
 import torch
 
 from engine.saved_compile import SavedCompile
 
 
-def twice_plus_one(dec, x):
-    return x * 2 + 1
+def scaled(state, x):
+    return x * state.scale + 1
 
 
-def test_saved_compiles_load_log_their_misses_and_drop_other_versions(tmp_path, caplog):
-    stale = tmp_path / "toy-0123456789abcdef-0.aot"   # another fingerprint: another version's
-    other = tmp_path / "toy2-0123456789abcdef-0.aot"  # another function's
+def fresh(folder) -> SavedCompile:
+    """A SavedCompile as a new start makes it: nothing loaded yet."""
+    return SavedCompile(scaled, folder, "scaled", dynamic=False, options={})
+
+
+def test_saved_compile_loads_recompiles_by_guards_and_replaces_broken_and_stale_entries(tmp_path, caplog):
+    state, x = SimpleNamespace(scale=torch.full((4,), 2.0)), torch.arange(4.0)
+    caplog.set_level(logging.INFO, logger="engine.saved_compile")
+    stale = tmp_path / "scaled-0123456789abcdef-0.aot"    # another fingerprint: another version's
+    other = tmp_path / "scaled2-0123456789abcdef-0.aot"   # another function's
     stale.write_bytes(b"old"), other.write_bytes(b"not mine")
-    first = SavedCompile(twice_plus_one, tmp_path, "toy", False, {})
-    with caplog.at_level(logging.INFO, logger="engine.saved_compile"):
-        assert first(None, torch.ones(2)).tolist() == [3.0, 3.0]
-        assert first(None, torch.ones(3)).tolist() == [3.0] * 3
-    assert (first.loaded, first.compiled) == (0, 2)
-    assert "toy: none of its 1 saved compiles accepts this call (tensor 'L['x']' size mismatch" in caplog.text
+    first = fresh(tmp_path)
+    assert torch.equal(first(state, x), scaled(state, x)) and (first.compiled, first.loaded) == (1, 0)
     assert not stale.exists() and other.exists()
-    again = SavedCompile(twice_plus_one, tmp_path, "toy", False, {})   # as a restarted process
-    assert again(None, torch.ones(3)).tolist() == [3.0] * 3 and again(None, torch.ones(2)).tolist() == [3.0] * 2
-    assert (again.loaded, again.compiled) == (2, 0)
+    other.unlink()
+    second = fresh(tmp_path)
+    assert torch.equal(second(state, x), scaled(state, x)) and (second.compiled, second.loaded) == (0, 1)
+    x64 = torch.arange(4.0, dtype=torch.float64)   # a dtype the saved guards reject: a compile of its own
+    assert torch.equal(second(state, x64), scaled(state, x64)) and second.compiled == 1
+    assert "scaled: none of its 1 saved compiles accepts this call (tensor 'L['x']' dtype mismatch" in caplog.text
+    assert len(list(tmp_path.glob("*.aot"))) == 2
+
+    broken = sorted(tmp_path.glob("*.aot"))[0]
+    broken.write_bytes(b"not a saved step")
+    third = fresh(tmp_path)
+    assert torch.equal(third(state, x), scaled(state, x))
+    assert "does not load" in caplog.text and (third.loaded, third.compiled) == (1, 1)
+    assert len(list(tmp_path.glob("*.aot"))) == 2 and fresh(tmp_path)(state, x64) is not None
