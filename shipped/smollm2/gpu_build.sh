@@ -36,9 +36,10 @@
 # INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
 # SHARED_HEAD=1: the drafter borrows the target's lm_head (no head of its own, full vocabulary); its logits
 # are 6x the 8,192-row head's. Session 29 ran TRAIN_BATCH=8 GRAD_ACCUM=4 (32 sequences a step, as session
-# 14's): 17.5 GB at peak and 0.43 s a step, so on an H200 TRAIN_BATCH=32 alone should fit (benchmarks/results/h200_s29).
-# INTERMEDIATE=N: the drafter's MLP width (default the target's, 1536); with SHARED_HEAD=1, 4096 fills the
-# 20 MB the own head leaves (19.0 MB: smollm2_build/shared_head_s28).
+# 14's): 17.5 GB at peak and 0.43 s a step, so on an H200 TRAIN_BATCH=32 alone should fit
+# (benchmarks/results/h200_s29).
+# INTERMEDIATE=N: the drafter's MLP width (default the target's, 1536); with SHARED_HEAD=1, 4096 keeps the
+# export within 20 MB (19.0 MB: smollm2_build/shared_head_s28).
 # PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
 # these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
 # The files are answered interleaved in proportion to their sizes, so within DATA_S a small file beside
