@@ -78,20 +78,13 @@ def quantization(cfg: dict) -> str | None:
 def weight_names(path: str) -> set[str]:
     """The tensor names in a checkpoint's safetensors files, read from their headers (none: empty).
     A file that is not a complete safetensors file raises check_safetensors' ValueError."""
-    from safetensors import safe_open
-
     from models.safetensors_io import check_safetensors, weight_files
 
     try:
         files = weight_files(path)
     except FileNotFoundError:
         return set()
-    names: set[str] = set()
-    for f in files:
-        check_safetensors(f)
-        with safe_open(str(f), "pt") as t:
-            names |= set(t.keys())
-    return names
+    return {name for f in files for name in check_safetensors(f)}
 
 
 def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
@@ -239,7 +232,7 @@ def check_checkpoint_files(model_path: str, draft_path: str | None) -> str:
                 files, tensors = [gguf], len(read_checked_header(gguf).tensors)
             else:
                 files = weight_files(path)
-                tensors = sum(check_safetensors(f) for f in files)
+                tensors = sum(len(check_safetensors(f)) for f in files)
         except (ValueError, FileNotFoundError) as e:  # PairMismatch is a ValueError
             raise CheckpointError(f"{role} checkpoint: {e}") from e
         parts.append(f"{role} {len(files)} file{'s' if len(files) > 1 else ''}, {tensors} tensors")

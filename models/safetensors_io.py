@@ -39,10 +39,10 @@ def weight_files(path: str | Path) -> list[Path]:
     return files
 
 
-def check_safetensors(file: str | Path) -> int:
+def check_safetensors(file: str | Path) -> list[str]:
     """Validate a safetensors file from its header alone (no tensor is read): the header parses
     and every tensor's byte range lies inside the file and fits its dtype and shape. Catches
-    truncated downloads and partial copies at start-up. Returns the number of tensors; raises
+    truncated downloads and partial copies at start-up. Returns the tensors' names; raises
     ValueError naming the file and the tensor."""
     file = Path(file)
     if not file.is_file():
@@ -60,7 +60,7 @@ def check_safetensors(file: str | Path) -> int:
     if not isinstance(header, dict):
         raise ValueError(f"{file}: corrupt safetensors header (not a JSON object)")
     data = size - 8 - n
-    count = 0
+    names = []
     for name, t in header.items():
         if name == "__metadata__":
             continue
@@ -77,8 +77,8 @@ def check_safetensors(file: str | Path) -> int:
         if expected is not None and end - begin != expected:
             raise ValueError(f"{file}: tensor {name!r}: {end - begin} bytes for dtype {t['dtype']} shape "
                              f"{t['shape']} (expected {expected})")
-        count += 1
-    return count
+        names.append(name)
+    return names
 
 
 def save_state_dict(state: dict[str, torch.Tensor], file: str | Path) -> None:
