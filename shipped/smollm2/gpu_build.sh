@@ -13,6 +13,8 @@
 #   bash shipped/smollm2/gpu_build.sh evals    # held-out evals at steps 1..6 (again, or if train ran out)
 #   bash shipped/smollm2/gpu_build.sh scaling  # after data: drafters on the first 1K..64K conversations, one
 #                                              #   recipe, side by side; accept length on held-out chat prompts
+#   bash shipped/smollm2/gpu_build.sh capacity # after data: one drafter per MLP width (WIDTHS), from scratch,
+#                                              #   side by side, then evaluated beside each other
 #
 # Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
 # that ship (fixture pairs, the shipped drafter) and benchmarks/results. `bash benchmarks/device_tree.sh
@@ -61,7 +63,7 @@ N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-0}; DATA_S=${DATA_S:-510};
 DROP_SYSTEM=${DROP_SYSTEM:-0.75}; EXTRA_PROMPTS=${EXTRA_PROMPTS:-}; SELF_LIMIT=${SELF_LIMIT:-0}
 MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-2048}; VOCAB=${VOCAB:-8192}
 TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; TRAIN_BATCH=${TRAIN_BATCH:-32}
-LENGTH_GROUP=${LENGTH_GROUP:-64}
+LENGTH_GROUP=${LENGTH_GROUP:-64}; WIDTHS=${WIDTHS:-1536,3072,6144}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
 EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl (mtbench from session 26)
@@ -163,11 +165,14 @@ train() {
     evals
 }
 
-# The new drafter (and EVAL_DRAFTS beside it) on the four held-out sets at steps 1..6.
+# The new drafter (or the drafters named as arguments), and EVAL_DRAFTS beside it, on the four
+# held-out sets at EVAL_STEPS.
 evals() {
     wheels
-    [ -d $W/drafter ] || { log "no drafter: run train until it finishes"; exit 3; }
-    drafts=(--draft $W/drafter); for d in ${EVAL_DRAFTS//,/ }; do drafts+=(--draft "$d"); done
+    drafts=(); for d in "${@:-$W/drafter}" ${EVAL_DRAFTS//,/ }; do
+        [ -f "$d/config.json" ] || { log "no drafter in $d: run train until it finishes"; exit 3; }
+        drafts+=(--draft "$d")
+    done
     log "evals: ${EVAL_SETS[*]} at steps $EVAL_STEPS: ${drafts[*]}"
     for set in "${EVAL_SETS[@]}"; do
         python3 -m drafter eval --target $W/target "${drafts[@]}" \
@@ -200,6 +205,32 @@ scaling() {
       scaling/*.log scaling/run_*/log.jsonl scaling/run_*/train_config.json 2>/dev/null)
 }
 
+# Issue 18's capacity probe (session 30): one drafter per MLP width in WIDTHS, each from scratch on
+# every conversation answered, with one recipe and one seed (so the same batches in the same order),
+# trained side by side for TRAIN_BUDGET_S seconds each; then exported and evaluated beside each other.
+# One call: TRAIN_S must cover the budget. Returns $OUT/capacity.tgz (logs) and evals.tgz.
+capacity() {
+    wheels
+    n=$(records) || exit 3
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+    widths=(${WIDTHS//,/ })
+    log "capacity: MLP widths ${widths[*]} side by side, $n conversations, ${TRAIN_BUDGET_S}s of training each"
+    for w in "${widths[@]}"; do
+        python3 -m drafter train --target $W/target --data $W/data --out $W/width_$w --intermediate-size "$w" \
+          --batch-size "$TRAIN_BATCH" --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" \
+          --log-every 20 --device "$DEVICE" --time-budget "$TRAIN_BUDGET_S" --time-limit "$TRAIN_S" \
+          --save-every 100000 > $W/train_$w.log 2>&1 &
+    done
+    wait
+    for w in "${widths[@]}"; do
+        tail -1 $W/train_$w.log
+        python3 -m drafter export $W/width_$w $W/drafter_$w --dtype bfloat16 >> $W/train_$w.log 2>&1
+    done
+    tar -C $W -czf "$OUT/capacity.tgz" stages.log data_stats.json vocab.json \
+      $(for w in "${widths[@]}"; do echo train_$w.log width_$w/log.jsonl width_$w/train_config.json; done)
+    evals $(for w in "${widths[@]}"; do echo $W/drafter_$w; done)
+}
+
 case "${1:-}" in
     part) ls -l runs/gguf_parts ;;
     assemble) wheels; assemble ;;
@@ -207,5 +238,6 @@ case "${1:-}" in
     train) train ;;
     evals) evals ;;
     scaling) scaling ;;
-    *) echo "usage: $0 part|assemble|data|train|evals|scaling" >&2; exit 2 ;;
+    capacity) capacity ;;
+    *) echo "usage: $0 part|assemble|data|train|evals|scaling|capacity" >&2; exit 2 ;;
 esac

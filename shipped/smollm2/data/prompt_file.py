@@ -52,6 +52,7 @@ class PromptFile:
         for text in heldout_texts():
             self.dedup.add(text)
         self.stats: Counter = Counter()
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         self.file = (gzip.open if out.endswith(".gz") else open)(out, "wt", encoding="utf-8")
 
     def add(self, id_: str, text: str, kind: str) -> None:
