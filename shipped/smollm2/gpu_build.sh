@@ -13,8 +13,8 @@
 #   bash shipped/smollm2/gpu_build.sh evals    # held-out evals at steps 1..6 (again, or if train ran out)
 #   bash shipped/smollm2/gpu_build.sh scaling  # after data: drafters on the first 1K..64K conversations, one
 #                                              #   recipe, side by side; accept length on held-out chat prompts
-#   bash shipped/smollm2/gpu_build.sh capacity # after data: one drafter per MLP width (WIDTHS), from scratch,
-#                                              #   side by side, then evaluated beside each other
+#   bash shipped/smollm2/gpu_build.sh capacity # after data: one drafter per MLP width and draft vocabulary (ARMS),
+#                                              #   from scratch, side by side, evaluated beside each other
 #
 # Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
 # that ship (fixture pairs, the shipped drafter) and benchmarks/results. `bash benchmarks/device_tree.sh
@@ -63,7 +63,7 @@ N_PROMPTS=${N_PROMPTS:-70000}; PROMPTS_S=${PROMPTS_S:-0}; DATA_S=${DATA_S:-510};
 DROP_SYSTEM=${DROP_SYSTEM:-0.75}; EXTRA_PROMPTS=${EXTRA_PROMPTS:-}; SELF_LIMIT=${SELF_LIMIT:-0}
 MAX_TOKENS=${MAX_TOKENS:-512}; BATCH=${BATCH:-2048}; VOCAB=${VOCAB:-8192}
 TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; TRAIN_BATCH=${TRAIN_BATCH:-32}
-LENGTH_GROUP=${LENGTH_GROUP:-64}; WIDTHS=${WIDTHS:-1536,3072,6144}
+LENGTH_GROUP=${LENGTH_GROUP:-64}; ARMS=${ARMS:-1536/8192,6144/8192,1536/16384}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
 EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl (mtbench from session 26)
@@ -205,30 +205,35 @@ scaling() {
       scaling/*.log scaling/run_*/log.jsonl scaling/run_*/train_config.json 2>/dev/null)
 }
 
-# Issue 18's capacity probe (session 30): one drafter per MLP width in WIDTHS, each from scratch on
-# every conversation answered, with one recipe and one seed (so the same batches in the same order),
-# trained side by side for TRAIN_BUDGET_S seconds each; then exported and evaluated beside each other.
-# One call: TRAIN_S must cover the budget. Returns $OUT/capacity.tgz (logs) and evals.tgz.
+# Issue 18's capacity probe (session 30): one drafter per arm of ARMS, each WIDTH/VOCAB (the MLP's width,
+# the draft vocabulary's size), from scratch on every conversation answered, with one recipe and one seed
+# (so the same batches in the same order), trained side by side for TRAIN_BUDGET_S seconds each; then
+# exported and evaluated beside each other. One call: TRAIN_S must cover the budget. Returns
+# $OUT/capacity.tgz (logs) and evals.tgz.
 capacity() {
     wheels
     n=$(records) || exit 3
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-    widths=(${WIDTHS//,/ })
-    log "capacity: MLP widths ${widths[*]} side by side, $n conversations, ${TRAIN_BUDGET_S}s of training each"
-    for w in "${widths[@]}"; do
-        python3 -m drafter train --target $W/target --data $W/data --out $W/width_$w --intermediate-size "$w" \
-          --batch-size "$TRAIN_BATCH" --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" \
-          --log-every 20 --device "$DEVICE" --time-budget "$TRAIN_BUDGET_S" --time-limit "$TRAIN_S" \
-          --save-every 100000 > $W/train_$w.log 2>&1 &
+    arms=(${ARMS//,/ }); names=()
+    log "capacity: ${arms[*]} (MLP width/draft vocabulary) side by side, $n conversations, ${TRAIN_BUDGET_S}s each"
+    for arm in "${arms[@]}"; do
+        width=${arm%/*}; vocab=${arm#*/}; name=mlp${width}_vocab$vocab; names+=($name)
+        vocab_file=$W/data/draft_vocab_$vocab.safetensors
+        [ -f $vocab_file ] || python3 -m drafter vocab --data $W/data --size "$vocab" --target $W/target \
+            --out $vocab_file > $W/vocab_$vocab.json
+        python3 -m drafter train --target $W/target --data $W/data --vocab $vocab_file --out $W/$name \
+          --intermediate-size "$width" --batch-size "$TRAIN_BATCH" --length-group "$LENGTH_GROUP" --max-length 1024 \
+          --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" --time-budget "$TRAIN_BUDGET_S" \
+          --time-limit "$TRAIN_S" --save-every 100000 > $W/train_$name.log 2>&1 &
     done
     wait
-    for w in "${widths[@]}"; do
-        tail -1 $W/train_$w.log
-        python3 -m drafter export $W/width_$w $W/drafter_$w --dtype bfloat16 >> $W/train_$w.log 2>&1
+    for name in "${names[@]}"; do
+        tail -1 $W/train_$name.log
+        python3 -m drafter export $W/$name $W/drafter_$name --dtype bfloat16 >> $W/train_$name.log 2>&1
     done
-    tar -C $W -czf "$OUT/capacity.tgz" stages.log data_stats.json vocab.json \
-      $(for w in "${widths[@]}"; do echo train_$w.log width_$w/log.jsonl width_$w/train_config.json; done)
-    evals $(for w in "${widths[@]}"; do echo $W/drafter_$w; done)
+    tar -C $W -czf "$OUT/capacity.tgz" stages.log data_stats.json $(cd $W && ls vocab*.json) \
+      $(for name in "${names[@]}"; do echo train_$name.log $name/log.jsonl $name/train_config.json; done)
+    evals $(for name in "${names[@]}"; do echo $W/drafter_$name; done)
 }
 
 case "${1:-}" in
