@@ -41,7 +41,7 @@ def chain_draft_step(drafter: Eagle3Drafter, tok: torch.Tensor, hidden: torch.Te
     b, dev = tok.shape[0], tok.device
     inputs = block_inputs(base_len, torch.ones(b, 1, j, dtype=torch.bool, device=dev),
                           torch.full((b, 1), j - 1, device=dev), span, query_offset=j - 1)
-    out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs)
+    out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs, logits_at=None)  # engine/greedy_cycle.py: why
     return out.logits[:, 0], out.hidden[:, 0]
 
 
@@ -127,7 +127,7 @@ def draft_tree(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, ba
         tok = torch.gather(torch.cat(cand_tok, 1), 1, frontier_cand)
         inputs = block_inputs(base_len, frontier_anc, torch.full((b, k), j - 2, device=dev), span,
                               query_offset=(j - 2) * k)
-        out = drafter(tok, frontier_hidden, inputs)
+        out = drafter(tok, frontier_hidden, inputs, logits_at=None)  # engine/greedy_cycle.py: why
         child_logp = out.logits.float().log_softmax(-1)                   # [B, K, Vd]
         top_logp, top_ids = vocab_topk(child_logp, k)                     # [B, K, K]
         frontier_score = torch.gather(torch.cat(cand_score, 1), 1, frontier_cand)

@@ -18,6 +18,12 @@ At 0 draft steps (a steps table's choice for large batches) the drafter is not n
 drafting resumes, so `deferred_greedy` only verifies the pending token and keeps what the
 drafter would have read; `drafter_catch_up` runs the drafter over that backlog in one forward
 (its weights read once, not once a token) before the next draft, or when the backlog is full.
+
+The models are called here (and in engine/draft_tree.py) with `logits_at` passed even where it is
+None. A default that a compiled step reads becomes a guard on the method's defaults, and torch 2.11
+cannot load a saved compile holding such a guard (its pickling of DefaultsSource passes fields
+that __init__ does not take), so every saved step compiled again at each start
+(benchmarks/results/h200_s30/; engine/saved_compile.py).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ def _pending_step(dec, rows: int, span: int, capture_aux: bool = False):
     """The target over each row's pending token alone, which becomes its greedy next token:
     (that token [B], the target's output)."""
     out = dec.target(dec.pending[:rows].unsqueeze(1), one_token_inputs(dec.lens_dev[:rows], span),
-                     capture_aux=capture_aux)
+                     capture_aux=capture_aux, logits_at=None)
     new = out.logits[:, 0].argmax(-1)
     dec.pending[:rows] = new
     dec.lens_dev[:rows] += 1
@@ -89,7 +95,7 @@ def chain_greedy(dec, rows: int, span: int, steps: int):
     n = steps + 1
     chain = torch.stack([dec.pending[:rows]] + drafts, dim=1)                        # [B, N]
     depth = torch.arange(n, device=dev).expand(rows, n)
-    out = dec.target(chain, block_inputs(base, causal(rows, n, dev), depth, span), capture_aux=True)
+    out = dec.target(chain, block_inputs(base, causal(rows, n, dev), depth, span), capture_aux=True, logits_at=None)
     argmax = out.logits.argmax(-1)                                                   # [B, N]
     match = chain[:, 1:] == argmax[:, :-1]                                           # [B, S]
     if dec.synthetic is not None:  # benchmarks only (BatchDecoder.use_synthetic_acceptance)
@@ -112,7 +118,8 @@ def tree_greedy(dec, rows: int, span: int, steps: int):
     base = dec.lens_dev[:rows].clone()
     tree = draft_tree(dec.drafter, DraftState(dec.draft_logits[:rows], dec.draft_hidden[:rows]), dec.pending[:rows],
                       base, steps, spec.topk, spec.draft_tokens, span)
-    out = dec.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True)
+    out = dec.target(tree.tokens, block_inputs(base, tree.ancestors, tree.depth, span), capture_aux=True,
+                     logits_at=None)
     argmax = out.logits.argmax(-1)                                                   # [B, N]
     right = tree.tokens == argmax.gather(1, tree.parents.clamp(min=0))
     right[:, 0] = True                                                               # the root

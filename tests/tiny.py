@@ -87,6 +87,7 @@ def fit_drafter(target, drafter: Eagle3Drafter, sequences: list[list[int]], step
         opt.zero_grad()
         loss.backward()
         opt.step()
+    opt.zero_grad()   # no gradients left on it: the engine sees a drafter as loaded from disk
     return drafter.eval()
 
 
