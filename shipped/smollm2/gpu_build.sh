@@ -132,6 +132,15 @@ records() {
       || { log "no $W/data: run data first"; exit 3; }
 }
 
+# `drafter train` with the build's recipe on every conversation answered, into folder $1 (more arguments
+# after it), for TRAIN_BUDGET_S seconds of training, at most TRAIN_S of them in this call.
+drafter_train() {
+    local out=$1; shift
+    python3 -m drafter train --target $W/target --data $W/data --out "$out" --batch-size "$TRAIN_BATCH" \
+      --grad-accum "$GRAD_ACCUM" --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" \
+      --log-every 20 --device "$DEVICE" --time-budget "$TRAIN_BUDGET_S" --time-limit "$TRAIN_S" "$@"
+}
+
 # The drafter on every conversation answered, for TRAIN_BUDGET_S seconds of training (its cosine
 # schedule spread over them: `drafter train --time-budget`), each call until TRAIN_S with a checkpoint.
 # Once the budget is spent: export, return the drafter, then evaluate it.
@@ -147,9 +156,7 @@ train() {
     # the native in-loop trainer: vLLM's hidden-states connector refuses it in a capture process.
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
     log "train: $n conversations, ${TRAIN_BUDGET_S}s of training, at most ${TRAIN_S}s this call ${resume[*]}"
-    python3 -m drafter train --target $W/target --data $W/data --out $run --batch-size "$TRAIN_BATCH" \
-      --grad-accum "$GRAD_ACCUM" --length-group "$LENGTH_GROUP" --max-length 1024 --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" \
-      --time-budget "$TRAIN_BUDGET_S" --time-limit "$TRAIN_S" --save-every 200 "${resume[@]}" > $W/train.log 2>&1
+    drafter_train $run --save-every 200 "${resume[@]}" > $W/train.log 2>&1
     tail -1 $W/train.log | tee $W/train_state.json
     if ! grep -q '"finished": true' $W/train_state.json; then
         log "not finished: call train again"
@@ -221,10 +228,8 @@ capacity() {
         vocab_file=$W/data/draft_vocab_$vocab.safetensors
         [ -f $vocab_file ] || python3 -m drafter vocab --data $W/data --size "$vocab" --target $W/target \
             --out $vocab_file > $W/vocab_$vocab.json
-        python3 -m drafter train --target $W/target --data $W/data --vocab $vocab_file --out $W/$name \
-          --intermediate-size "$width" --batch-size "$TRAIN_BATCH" --length-group "$LENGTH_GROUP" --max-length 1024 \
-          --ttt-length 7 --lr "$LR" --log-every 20 --device "$DEVICE" --time-budget "$TRAIN_BUDGET_S" \
-          --time-limit "$TRAIN_S" --save-every 100000 > $W/train_$name.log 2>&1 &
+        drafter_train $W/$name --vocab $vocab_file --intermediate-size "$width" --save-every 100000 \
+          > $W/train_$name.log 2>&1 &
     done
     wait
     for name in "${names[@]}"; do
