@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # cpu-default as shipped (its steps table) against the same profile with --no-spec over HTTP, all
-# servers up at once and measured in turn, the order reversed every round, so the machine's drift
-# (plain decoding moved 23.8 -> 16.4 tok/s between two session-10 rounds) lands on every side;
-# ratios are per round, then their median (ab_summary.py). Concurrency 1 and 8, the nine held-out
-# chat prompts of run.sh (18 requests at 8), 128 tokens, greedy. Servers: servers.sh.
+# servers up at once and measured in turn: at each concurrency every side back to back, the order
+# flipped at the next concurrency and the next round, so the machine's drift (plain decoding moved
+# 23.8 -> 16.4 tok/s between two session-10 rounds, 11.4 -> 15.0 within session 31's first run)
+# lands on every side, between adjacent runs only. Until session 31 a side ran every concurrency
+# before the next side started (ab_s31_1to32/README.md shows what that cost). Ratios are per
+# round, then their median (ab_summary.py). Concurrency 1 and 8, the nine held-out chat prompts of
+# run.sh (18 requests at 8), 128 tokens, greedy. Servers: servers.sh.
 # SIDES picks sides (default "table plain"); chain1 / chain2 / chain3 draft that many steps at every
 # batch size; _t2 sides decode on two threads (since session 16 the default on 2 cores, one before).
 # CONC picks the concurrencies (default "1 8"; 9 requests at 1, 18 above). table_prev: the table with
@@ -21,10 +24,12 @@ declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [p
 source benchmarks/results/batch_sweep/cpu_http/servers.sh
 start_servers $OUT "--profile cpu-default" "${SIDES[@]}"
 for r in $(seq 1 ${ROUNDS:-4}); do
-    order=("${SIDES[@]}")
-    [ $((r % 2)) = 0 ] && order=($(printf '%s\n' "${SIDES[@]}" | tac))
-    for side in "${order[@]}"; do
-        for c in $CONC; do
+    j=$r
+    for c in $CONC; do
+        j=$((j + 1))   # the order flips from one concurrency to the next, and from one round to the next
+        order=("${SIDES[@]}")
+        [ $((j % 2)) = 0 ] && order=($(printf '%s\n' "${SIDES[@]}" | tac))
+        for side in "${order[@]}"; do
             .venv/bin/python -m benchmarks.serving --base-url http://127.0.0.1:${PORT[$side]} --max-concurrency $c \
                 --num-prompts $((c == 1 ? 9 : 18)) --prompts $PROMPTS --max-tokens 128 --warmup 1 \
                 --out-dir $OUT --name ${side}_r${r}_c$c > $OUT/${side}_r${r}_c$c.txt
