@@ -14,7 +14,9 @@ median of three runs, with a 10% margin, two servers started side by side on ses
 chose differently (W @ x.T for 4, 7 and 8 rows in one, 7 and 8 in the other), where W @ x.T was
 1.06-3.1x slower at every row count; the plain side of that A/B ran its 4-row products 1.56x slower
 (benchmarks/results/batch_sweep/cpu_http/ab_s31_interleaved/). Now nine calibrations there, two
-pairs of them side by side, all chose F.linear everywhere.
+pairs of them side by side, all chose F.linear everywhere. Beside another server's load one still
+chose W @ x.T for 7 and 8 rows, where the forms are closest, so the A/B scripts start their servers
+one after another (benchmarks/results/batch_sweep/cpu_http/servers.sh).
 """
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
-# Sourced by ab_run.sh and ../../cpu_real_pair/vs_transformers.sh: one specserve per side, all up at
-# once (an idle server waits on its engine's queue, so the sides not being measured cost nothing).
+# Sourced by ab_run.sh and ../../cpu_real_pair/vs_transformers.sh: one specserve per side, all up
+# together (an idle server waits on its engine's queue, so the sides not being measured cost nothing).
+# They start one after another: a float32 CPU engine times its product forms at load
+# (models/cpu_products.py), and beside another server's load two sides chose differently (session 31).
 #   start_servers OUT_DIR "FLAGS FOR ALL" SIDE...   side S gets FLAGS[S] too, port PORT[S] (8790 on);
-#                                                   waits until every one is healthy, stops them on exit
+#                                                   each healthy before the next starts, stopped on exit
 start_servers() {
     local out=$1 common=$2 i=0 side; shift 2
     declare -gA PORT
     pids=()
+    trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
     for side in "$@"; do
         PORT[$side]=$((8790 + i)); i=$((i + 1))
         .venv/bin/specserve $common ${FLAGS[$side]} --port ${PORT[$side]} > $out/server_$side.log 2>&1 &
         pids+=($!)
-    done
-    trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
-    for side in "$@"; do
         .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
     done
+    grep -h "products of" $out/server_*.log || true   # the float32 product forms each side chose
 }
