@@ -40,6 +40,6 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     [ $((r % 2)) = 0 ] && order=($(printf '%s\n' "${SIDES[@]}" | tac))
     for side in "${order[@]}"; do measure $side $r; done
 done
-for base in "${THEIRS[@]}" fp32_plain q4_plain; do  # summary_<base>.md: every side against that one
+for base in "${THEIRS[@]}" fp32_plain q4_plain; do  # summary_<base>_decode.md: every side against that one
     BASE=$base CONC=1 METRIC=decode .venv/bin/python benchmarks/results/batch_sweep/cpu_http/ab_summary.py $OUT "${SIDES[@]}" > /dev/null
 done

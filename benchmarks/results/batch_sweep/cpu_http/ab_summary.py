@@ -2,7 +2,8 @@
 same round, per round and as the median of the rounds, written as summary.md (summary_BASE.md for
 another base) beside the rounds' JSON (<side>_r<round>_c<concurrency>.json).
 CONC (default "1 8") names the concurrencies; METRIC=decode compares the median per-request decode
-rate instead of output tok/s (what cpu_real_pair/vs_transformers.sh compares with transformers).
+rate instead of output tok/s (what cpu_real_pair/vs_transformers.sh compares with transformers),
+written as summary_decode.md (summary_BASE_decode.md).
 With more than two concurrencies the medians are also plotted against concurrency (summary*.png).
 
   python benchmarks/results/batch_sweep/cpu_http/ab_summary.py OUT_DIR table plain [table_t2 ...]
@@ -45,7 +46,7 @@ med = [f"**{statistics.median(ratios[(s, c)]):.2f}x** ({min(ratios[(s, c)]):.2f}
 rows.append(["median (range)"] + [""] * (len(concs) * len(sides)) + med)
 text = "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n" + "".join(
     "| " + " | ".join(r) + " |\n" for r in rows)
-stem = "summary" if base == "plain" else f"summary_{base}"
+stem = ("summary" if base == "plain" else f"summary_{base}") + ("_decode" if decode else "")
 (out / f"{stem}.md").write_text(text)
 print(text)
 if len(concs) > 2:
