@@ -15,5 +15,5 @@ start_servers() {
         pids+=($!)
         .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
     done
-    grep -h "products of" $out/server_*.log || true   # the float32 product forms each side chose
+    grep -Ho "products of .* rows" $out/server_*.log || true   # the float32 product forms each side chose
 }
