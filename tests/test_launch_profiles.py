@@ -81,8 +81,8 @@ def test_cpu_default_drafts_by_batch_size_and_the_flags_override_it():
     --no-spec turns speculation off."""
     spec = resolve("cpu-default", environ={}).profile.speculative
     assert spec.enabled and (spec.steps, spec.draft_tokens) == (3, 4)
-    assert tuple(spec.steps_by_batch) == ((1, 2), (2, 0), (4, 3), (8, 2))
-    assert [spec.steps_for(rows) for rows in range(1, 9)] == [2, 0, 3, 3, 2, 2, 2, 2]
+    assert tuple(spec.steps_by_batch) == ((1, 2), (2, 2), (4, 3), (8, 2))
+    assert [spec.steps_for(rows) for rows in range(1, 9)] == [2, 2, 3, 3, 2, 2, 2, 2]
     spec = resolve("cpu-default", Overrides(steps=1), environ={}).profile.speculative
     assert spec.enabled and spec.steps == 1 and spec.draft_tokens == 2 and not spec.steps_by_batch
     assert not resolve("cpu-default", Overrides(no_spec=True), environ={}).profile.spec_enabled
