@@ -182,6 +182,9 @@ class NativeConfig:
     compile_cache: StrictStr = Field("", description="with compile: a folder where the compiled decode steps are "
                                                      "saved ahead of time, and loaded by a restart instead of "
                                                      "being traced and compiled again (empty: none)")
+    cpu_products_cache: StrictStr = Field("", description="CPU float32: a JSON file keeping this machine's measured "
+                                                          "product forms (models/cpu_products.py), so every server "
+                                                          "here runs the same ones (empty: measure at each start)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")
 

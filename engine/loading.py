@@ -15,7 +15,7 @@ from engine.api import EngineInfo
 from engine.config import CONFIG, NativeConfig, SpecConfig
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
-from models.cpu_products import faster_few_rows
+from models.cpu_products import faster_few_rows, kept_few_rows
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
 from models.layers import Linear, fuse_projections
@@ -96,7 +96,9 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
         fuse_projections(drafter)
     fuse_projections(target)
     if device.type == "cpu" and dtype == torch.float32:
-        Linear.cpu_few_rows = faster_few_rows(torch.get_num_threads())
+        threads = torch.get_num_threads()
+        Linear.cpu_few_rows = (kept_few_rows(threads, args.cpu_products_cache) if args.cpu_products_cache
+                               else faster_few_rows(threads))
         log.info("CPU float32 products of %s rows as W @ x.T (measured faster here), others F.linear",
                  sorted(Linear.cpu_few_rows) or "no")
     return target, drafter, device

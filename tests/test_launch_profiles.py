@@ -88,6 +88,13 @@ def test_cpu_default_drafts_by_batch_size_and_the_flags_override_it():
     assert not resolve("cpu-default", Overrides(no_spec=True), environ={}).profile.spec_enabled
 
 
+def test_cpu_default_keeps_its_product_forms_in_the_cache_folder():
+    native = resolve("cpu-default", environ={}).profile.native
+    assert native.cpu_products_cache == "/tmp/specserve/cpu_products.json"
+    native = resolve("cpu-default", environ={"SPECSERVE_CACHE_DIR": "/srv/cache"}).profile.native
+    assert native.cpu_products_cache == "/srv/cache/cpu_products.json"
+
+
 def test_external_profile_paths_resolve_against_its_folder(tmp_path):
     p = resolve(str(write(tmp_path, GOOD)), environ={}).profile
     assert p.model.path == str(tmp_path / "target") and p.name == "p"
