@@ -97,6 +97,12 @@ class SpecConfig:
     # (more rows share each forward's weight reads).
     steps_by_batch: Annotated[StepsTable, BeforeValidator(parse_steps_table)] = Field(
         (), description="steps per batch size, { \"largest batch size\" = steps, ... } (empty: steps)")
+    # Chains only, instead of steps_by_batch: the engine times its own steps at each batch size at
+    # load and drafts there the steps that give the most tokens per second (engine/steps_by_cost.py).
+    accept_rates: tuple[Annotated[StrictFloat, Field(ge=0, le=1)], ...] = Field(
+        (), description="measured for this drafter: the share of verifies whose first 1, 2, ... drafts were "
+                        "accepted (one rate per step); with it the steps per batch size come from step costs "
+                        "measured at load (empty: steps_by_batch, or steps)")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -115,6 +121,17 @@ class SpecConfig:
             most = max(k for _, k in self.steps_by_batch)
             if most > self.steps:
                 raise field_error("steps", f"must be >= the most steps_by_batch drafts ({most}), got {self.steps}")
+        if self.accept_rates:
+            if self.topk != 1 or self.steps_by_batch:
+                raise field_error("accept_rates", "choose the steps of a chain (topk = 1) from measured costs: "
+                                                  "give either them or steps_by_batch")
+            if len(self.accept_rates) < self.steps:
+                raise field_error("accept_rates", f"needs one rate per step ({self.steps}), "
+                                                  f"got {len(self.accept_rates)}")
+            if list(self.accept_rates) != sorted(self.accept_rates, reverse=True):
+                raise field_error("accept_rates", f"can only fall from one step to the next (the first i+1 drafts "
+                                                  f"are accepted at most as often as the first i), got "
+                                                  f"{list(self.accept_rates)}")
         return self
 
     def steps_for(self, rows: int) -> int:
@@ -182,9 +199,10 @@ class NativeConfig:
     compile_cache: StrictStr = Field("", description="with compile: a folder where the compiled decode steps are "
                                                      "saved ahead of time, and loaded by a restart instead of "
                                                      "being traced and compiled again (empty: none)")
-    cpu_products_cache: StrictStr = Field("", description="CPU float32: a JSON file keeping this machine's measured "
-                                                          "product forms (models/cpu_products.py), so every server "
-                                                          "here runs the same ones (empty: measure at each start)")
+    tuning_cache: StrictStr = Field("", description="a folder keeping what the engine measures about this machine "
+                                                    "once (CPU float32 product forms, step costs per batch size), "
+                                                    "so every server here runs the same choice (empty: measure at "
+                                                    "each start)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")
 

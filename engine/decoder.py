@@ -206,10 +206,11 @@ class BatchDecoder:
 
     def set_steps_table(self, steps_by_batch: tuple[tuple[int, int], ...]) -> None:
         """Draft steps per batch size from the next step on (SpecConfig.steps_by_batch, at most
-        spec.steps). For sweeps and controllers; call between steps, not with one in flight."""
+        spec.steps; it replaces accept_rates). For sweeps and the steps chosen from measured costs
+        (engine/steps_by_cost.py); call between steps, not with one in flight."""
         if self.spec is None or self._in_flight:
             raise RuntimeError("a steps table needs speculation and no step in flight")
-        self.spec = dataclasses.replace(self.spec, steps_by_batch=tuple(steps_by_batch))
+        self.spec = dataclasses.replace(self.spec, steps_by_batch=tuple(steps_by_batch), accept_rates=())
 
     def use_synthetic_acceptance(self, rates: list[float], seed: int = 0) -> None:
         """BENCHMARKS ONLY: device-side chain steps accept draft j with probability rates[j-1]
@@ -462,6 +463,10 @@ class BatchDecoder:
                 self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
                 if catch_ups:
                     self._catch_up(rows, self._padded(rows), span)
+        self.empty_rows()
+
+    def empty_rows(self) -> None:
+        """Every row empty again, after warm-up or measuring steps (what they wrote is never read)."""
         self.lens = [0] * self.max_batch
         if self.spec:
             self.lag = [0] * self.max_batch

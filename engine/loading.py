@@ -8,13 +8,14 @@ from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
 
 import torch
-from pydantic import StrictStr
+from pydantic import StrictStr, model_validator
 from pydantic.dataclasses import dataclass
 
 from engine.api import EngineInfo
-from engine.config import CONFIG, NativeConfig, SpecConfig
+from engine.config import CONFIG, NativeConfig, SpecConfig, field_error
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
+from engine.steps_by_cost import choose_steps, kept_costs
 from models.cpu_products import faster_few_rows, kept_few_rows
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
@@ -38,6 +39,14 @@ class NativeEngineArgs(NativeConfig):
     def speculation(self) -> SpecConfig | None:
         """The speculative setting in force: `spec` needs a drafter."""
         return self.spec if self.draft else None
+
+    @model_validator(mode="after")
+    def _costs_are_measured_eager(self):
+        if self.compile and self.speculation and self.speculation.accept_rates:
+            raise field_error("compile", "steps from measured costs (speculative.accept_rates) time every step count "
+                                         "at every batch size, a compile each: give steps or steps_by_batch "
+                                         "instead")
+        return self
 
 
 def pick_device(device: str) -> torch.device:
@@ -97,7 +106,7 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     fuse_projections(target)
     if device.type == "cpu" and dtype == torch.float32:
         threads = torch.get_num_threads()
-        Linear.cpu_few_rows = (kept_few_rows(threads, args.cpu_products_cache) if args.cpu_products_cache
+        Linear.cpu_few_rows = (kept_few_rows(threads, args.tuning_cache) if args.tuning_cache
                                else faster_few_rows(threads))
         log.info("CPU float32 products of %s rows as W @ x.T (measured faster here), others F.linear",
                  sorted(Linear.cpu_few_rows) or "no")
@@ -139,6 +148,15 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
                                prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
                                compile_cache=args.compile_cache or None)
+        spec = args.speculation
+        if spec is not None and spec.accept_rates:
+            t0 = time.perf_counter()
+            costs = kept_costs(decoder, args.model, args.draft, args.tuning_cache)
+            decoder.set_steps_table(choose_steps(costs, spec.accept_rates))
+            log.info("steps per batch size %s from step costs (ms at 0..%d steps: %s) and accept rates %s (%.1f s)",
+                     dict(decoder.spec.steps_by_batch), spec.steps,
+                     "; ".join(f"{rows} rows " + " / ".join(f"{c:.1f}" for c in ms) for rows, ms in costs.items()),
+                     list(spec.accept_rates), time.perf_counter() - t0)
         # A capture in serving would stall every request in flight, so shapes are prepared now.
         # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change

@@ -30,7 +30,9 @@ class SweepChoice:
 def auto_setting(profile: Profile) -> tuple[SweepChoice | None, str]:
     """(the sweep's setting or None, a message saying where the choice came from)."""
     s = profile.speculative
-    fallback = "the profile's steps_by_batch" if s.steps_by_batch else "the profile's steps"
+    fallback = ("the profile's steps_by_batch" if s.steps_by_batch
+                else "steps from measured costs (the profile's accept_rates)" if s.accept_rates
+                else "the profile's steps")
     if not s.sweep_file:
         return None, f"--steps auto: profile {profile.name} names no speculative.sweep_file; using {fallback}"
     path = Path(s.sweep_file)

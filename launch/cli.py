@@ -91,6 +91,8 @@ def describe(launch: Launch) -> str:
             else "off")
     if p.spec_enabled and s.steps_by_batch:
         spec += ", per batch size " + ", ".join(f"<= {b}: {k}" for b, k in s.steps_by_batch)
+    elif p.spec_enabled and s.accept_rates:
+        spec += f", per batch size from step costs measured at load (accept rates {list(s.accept_rates)})"
     lines = [f"specserve: profile {p.name} ({p.source})"]
     if p.description:
         lines.append(f"  {p.description}")

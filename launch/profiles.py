@@ -241,6 +241,13 @@ class Profile(_Table):
         if self.vllm.draft_tensor_parallel_size not in (None, 1, par.tp):
             raise field_error("vllm.draft_tensor_parallel_size", f"vLLM takes 1 or parallel.tp = {par.tp}, got "
                                                                  f"{self.vllm.draft_tensor_parallel_size}")
+        if s.accept_rates and self.engine != "native":
+            raise field_error("speculative.accept_rates", f"steps from measured costs are the native engine's; "
+                                                          f"{self.engine} takes steps_by_batch")
+        if self.native.compile and s.enabled and s.accept_rates:
+            raise field_error("speculative.accept_rates", "steps from measured costs time every step count at every "
+                                                          "batch size, a compile each with native.compile: give "
+                                                          "--steps N or steps_by_batch instead")
         if self.engine == "vllm" and s.enabled and s.topk != 1:
             raise field_error("speculative.topk", "the vLLM engine drafts a chain (topk = 1, num_speculative_tokens "
                                                   "= steps)")
@@ -367,10 +374,12 @@ def _apply_overrides(raw: dict, o: Overrides, origin: dict[str, str]) -> list[st
         put("speculative", "enabled", True, "--steps")
         put("speculative", "steps", o.steps, "--steps")
         spec = raw.get("speculative") if isinstance(raw.get("speculative"), dict) else {}
-        if o.steps_by_batch is None and spec.get("steps_by_batch"):
-            notes.append(f"--steps {o.steps}: every batch size drafts {o.steps} (the profile's steps_by_batch "
+        if o.steps_by_batch is None and (spec.get("steps_by_batch") or spec.get("accept_rates")):
+            chooser = "steps_by_batch" if spec.get("steps_by_batch") else "accept_rates (steps from measured costs)"
+            notes.append(f"--steps {o.steps}: every batch size drafts {o.steps} (the profile's {chooser} "
                          f"is not used)")
         put("speculative", "steps_by_batch", o.steps_by_batch or {}, "--steps")
+        put("speculative", "accept_rates", [], "--steps")
     if o.topk is not None:
         put("speculative", "topk", o.topk, "--topk")
     if o.draft_tokens is not None:

@@ -31,13 +31,13 @@ def test_the_kept_choice_is_measured_once_and_read_by_later_starts(tmp_path):
     measurement made, written under the same key, comes back as written."""
     path = tmp_path / "cache" / "cpu_products.json"
     threads = torch.get_num_threads()
-    chosen = kept_few_rows(threads, str(path))
+    chosen = kept_few_rows(threads, str(path.parent))
     entry = json.loads(path.read_text())[machine_key(threads)]
     assert set(entry["rows"]) == chosen and sorted(entry["ms"]) == [str(n) for n in range(1, CPU_FEW_ROWS + 1)]
     kept = {machine_key(threads): {**entry, "rows": [3, 5]}, "another machine": {"rows": [1]}}
     path.write_text(json.dumps(kept))
     kept_few_rows.cache_clear()
-    assert kept_few_rows(threads, str(path)) == {3, 5}
+    assert kept_few_rows(threads, str(path.parent)) == {3, 5}
     assert json.loads(path.read_text()) == kept  # read, not measured again
 
 
@@ -46,6 +46,6 @@ def test_an_unreadable_kept_choice_is_measured_again(tmp_path, caplog):
     path.write_text("{not json")
     kept_few_rows.cache_clear()
     with caplog.at_level(logging.WARNING):
-        chosen = kept_few_rows(torch.get_num_threads(), str(path))
+        chosen = kept_few_rows(torch.get_num_threads(), str(tmp_path))
     assert "is unreadable" in caplog.text
     assert set(json.loads(path.read_text())[machine_key(torch.get_num_threads())]["rows"]) == chosen

@@ -76,23 +76,27 @@ def test_pypi_model_paths_name_an_installed_package_folder():
         resolve("cpu-default", Overrides(model="pypi:no_such_pkg"), environ={})
 
 
-def test_cpu_default_drafts_by_batch_size_and_the_flags_override_it():
-    """cpu-default drafts by its measured steps table; --steps N drafts N at every batch size,
-    --no-spec turns speculation off."""
+def test_cpu_default_drafts_by_measured_costs_and_the_flags_override_it():
+    """cpu-default chooses its steps per batch size from costs measured at load and the shipped
+    drafter's accept rates; --steps N drafts N at every batch size, --no-spec turns speculation
+    off, and neither compile nor another engine can take the rates."""
     spec = resolve("cpu-default", environ={}).profile.speculative
     assert spec.enabled and (spec.steps, spec.draft_tokens) == (3, 4)
-    assert tuple(spec.steps_by_batch) == ((1, 2), (2, 2), (4, 3), (8, 2))
-    assert [spec.steps_for(rows) for rows in range(1, 9)] == [2, 2, 3, 3, 2, 2, 2, 2]
-    spec = resolve("cpu-default", Overrides(steps=1), environ={}).profile.speculative
+    assert spec.accept_rates == (0.61, 0.39, 0.26) and not spec.steps_by_batch
+    launch = resolve("cpu-default", Overrides(steps=1), environ={})
+    spec = launch.profile.speculative
     assert spec.enabled and spec.steps == 1 and spec.draft_tokens == 2 and not spec.steps_by_batch
+    assert not spec.accept_rates and any("accept_rates (steps from measured costs) is not used" in n
+                                         for n in launch.notes)
     assert not resolve("cpu-default", Overrides(no_spec=True), environ={}).profile.spec_enabled
+    with pytest.raises(ProfileError, match=r"speculative\.accept_rates: .* a compile each with native\.compile"):
+        resolve("cpu-default", Overrides(settings={"native.compile": True}), environ={})
 
 
-def test_cpu_default_keeps_its_product_forms_in_the_cache_folder():
-    native = resolve("cpu-default", environ={}).profile.native
-    assert native.cpu_products_cache == "/tmp/specserve/cpu_products.json"
+def test_cpu_default_keeps_its_measurements_in_the_cache_folder():
+    assert resolve("cpu-default", environ={}).profile.native.tuning_cache == "/tmp/specserve"
     native = resolve("cpu-default", environ={"SPECSERVE_CACHE_DIR": "/srv/cache"}).profile.native
-    assert native.cpu_products_cache == "/srv/cache/cpu_products.json"
+    assert native.tuning_cache == "/srv/cache"
 
 
 def test_external_profile_paths_resolve_against_its_folder(tmp_path):

@@ -57,6 +57,7 @@ def start_server(args: list[str], log: Path, timeout: float = 240) -> ServerProc
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SPECSERVE_")) and k != "PYTHON"}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["SPECSERVE_CACHE_DIR"] = str(log.parent / "specserve-cache")  # measurements of this machine, this test's
     fh = log.open("w")
     proc = subprocess.Popen([str(SERVE_SH), *args, "--host", "127.0.0.1", "--port", str(port)],
                             stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))

@@ -65,10 +65,21 @@ def test_vllm_schedule_gives_the_same_steps(tmp_path):
     ('steps_by_batch = { "1" = 0 }', r"speculative\.steps_by_batch: drafts at no batch size"),
     ('steps = 3\ntopk = 2\ndraft_tokens = 4\nsteps_by_batch = { "1" = 3 }', r"are for chains \(topk = 1\)"),
     ('steps_by_batch = [1, 2]', r"speculative\.steps_by_batch: expected dict"),
+    ('steps = 2\naccept_rates = [0.6]', r"speculative\.accept_rates: needs one rate per step \(2\), got 1"),
+    ('steps = 2\naccept_rates = [0.4, 0.6]', r"speculative\.accept_rates: can only fall from one step to the next"),
+    ('steps = 1\naccept_rates = [1.5]', r"speculative\.accept_rates\.0: Input should be less than or equal to 1"),
+    ('steps = 1\naccept_rates = ["0.5"]', r"speculative\.accept_rates\.0: expected float, got '0\.5'"),
+    ('steps = 1\naccept_rates = [0.5]\nsteps_by_batch = { "1" = 1 }', r"give either them or steps_by_batch"),
 ])
 def test_a_bad_table_names_the_field(tmp_path, spec, error):
     with pytest.raises(ProfileError, match=error):
         resolve(str(profile(tmp_path, "native", spec)), environ={})
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_steps_from_measured_costs_are_the_native_engines(tmp_path, engine):
+    with pytest.raises(ProfileError, match=rf"speculative\.accept_rates: .*native engine's; {engine} takes steps_by"):
+        resolve(str(profile(tmp_path, engine, "steps = 1\naccept_rates = [0.5]")), environ={})
 
 
 def test_spec_config_refuses_a_table_it_cannot_run():

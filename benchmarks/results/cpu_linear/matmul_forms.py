@@ -1,6 +1,6 @@
 """float32 products of SmolLM2-135M's shapes on CPU, weights cold (30 layers' q/k/v, o, gate/up,
 down and the 49152-row lm_head, 540 MB, read once per pass as in a decode step): F.linear
-against models.layers.few_rows_cpu at 1..8 rows, both in one run, medians of 8 passes.
+against models.layers.few_rows_cpu at 1..8 rows (--rows), both in one run, medians of 8 passes.
 
   OMP_NUM_THREADS=1 python benchmarks/results/cpu_linear/matmul_forms.py --threads 1,2 \
       > benchmarks/results/cpu_linear/matmul_forms.md
@@ -21,13 +21,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--passes", type=int, default=8)
+    ap.add_argument("--rows", default="1,2,3,4,5,6,7,8")
     a = ap.parse_args()
     weights = [torch.randn(o, i) for _ in range(30) for o, i in SHAPES] + [torch.randn(49152, 576)]
     print("| threads | rows | F.linear ms | few_rows_cpu ms | F.linear / few_rows_cpu |")
     print("|---|---|---|---|---|")
     for threads in map(int, a.threads.split(",")):
         torch.set_num_threads(threads)
-        for n in range(1, 9):
+        for n in map(int, a.rows.split(",")):
             xs = {576: torch.randn(n, 576), 1536: torch.randn(n, 1536)}
             ms = {}
             for name, fn in (("F.linear", F.linear), ("few_rows_cpu", few_rows_cpu)):

@@ -3,7 +3,7 @@
 # They start one after another: a float32 CPU engine times its product forms at load
 # (models/cpu_products.py), and beside another server's load two sides chose differently (session 31);
 # alone, one after another, they still did at one row count (session 32). Since session 32 cpu-default
-# keeps the first server's choice in a file (native.cpu_products_cache) and the others read it.
+# keeps the first server's choice in its tuning cache (native.tuning_cache) and the others read it.
 #   start_servers OUT_DIR "FLAGS FOR ALL" SIDE...   side S gets FLAGS[S] too, port PORT[S] (8790 on);
 #                                                   each healthy before the next starts, stopped on exit
 start_servers() {

@@ -1,0 +1,109 @@
+"""Steps per batch size from this machine's step costs and the drafter's acceptance.
+
+A table swept on one machine can lose on another. cpu-default's table, swept on an Intel Xeon VM,
+ran at 0.69-0.90x plain decoding at 4-32 requests on session 32's AMD EPYC VM. There a product of
+up to 4 rows costs what one row does and 12-32 rows three to four times as much
+(benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/, cpu_linear/). So, as vLLM's dynamic
+speculation does with its measured cost per batch size and token count, the engine times its own
+steps at load, at each power-of-two batch size and each step count from 0 to `steps`. At each
+batch size it then drafts the steps with the most tokens per second:
+
+    tokens(s) = 1 + accept_rates[0] + ... + accept_rates[s-1]
+    steps(b)  = argmax over s of tokens(s) / cost(b, s)
+
+accept_rates[i] is the share of verifies whose first i+1 drafts are accepted, measured for the
+drafter (SpecConfig.accept_rates). cost(b, 0) is the speculative engine's step at 0 drafts: the
+target alone, with the drafter catching up once per LAG_STEPS steps. Costs are taken as the
+loop pays them (device-side greedy steps, the host's read included). They are taken at a fixed
+context of CONTEXT tokens, the rows rewound after each step, and kept per machine
+(models/kept_measurements.py). Greedy outputs do not depend on the table (tests/test_lossless.py).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engine.decoder import LAG_STEPS, BatchDecoder
+from engine.sampling import BatchSampling
+from engine.saved_compile import code_fingerprint
+from models.kept_measurements import kept_measurement, processor
+
+CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt and its reply
+ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
+BLOCK = 4       # steps timed back to back per round at 1 or more drafts (LAG_STEPS at 0)
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """The table's sizes: powers of two up to max_batch, and max_batch."""
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+    return sizes + [max_batch]
+
+
+@torch.inference_mode()
+def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS) -> dict[int, list[float]]:
+    """ms per engine step at each batch size and each step count 0..spec.steps.
+
+    The step counts take turns, `rounds` times. Each turn runs one untimed step (a change of
+    step count can catch the drafter up), then times a block of steps back to back. At 0 steps
+    the block is LAG_STEPS steps, which hold exactly one catch-up of the drafter. A step count
+    keeps its fastest block: other work on the machine only adds time (session 32's VM measured
+    one step count 40-70% slow in single runs). Leaves every row empty and the decoder's own
+    speculative setting in force."""
+    own = dec.spec
+    prompt = [i % dec.target.config.vocab_size for i in range(1, min(CONTEXT, dec.cache_len // 2) + 1)]
+    costs, filled = {}, 0
+    for rows in sizes:
+        for row in range(filled, rows):  # a step rewound writes only past the prompt: rows stay filled
+            dec.prefill(row, prompt, BatchSampling.all_greedy_rows(1, dec.device))
+        filled = max(filled, rows)
+        start = dec.lens[:rows]
+        best = [float("inf")] * (dec.spec.steps + 1)
+        for _ in range(rounds):
+            for steps in range(len(best)):
+                dec.set_steps_table(((dec.max_batch, steps),))
+                n = LAG_STEPS if steps == 0 else BLOCK
+                for i in range(1 + n):
+                    if i == 1:
+                        t0 = time.perf_counter()
+                    dec.lens[:rows] = start
+                    dec.collect(dec.launch(rows))
+                best[steps] = min(best[steps], (time.perf_counter() - t0) * 1000 / n)
+        costs[rows] = best
+    dec.spec = own
+    dec.empty_rows()
+    return costs
+
+
+def choose_steps(costs: dict[int, list[float]], accept_rates: Sequence[float]) -> tuple[tuple[int, int], ...]:
+    """((batch size, steps), ...): at each size the steps with the most tokens per ms (the fewer
+    steps on a tie)."""
+    table = []
+    for rows, ms in sorted(costs.items()):
+        speed = [(1 + sum(accept_rates[:s])) / cost for s, cost in enumerate(ms)]
+        table.append((rows, max(range(len(ms)), key=lambda s: (speed[s], -s))))
+    return tuple(table)
+
+
+def costs_key(dec: BatchDecoder, model: str, draft: str, sizes: Sequence[int]) -> str:
+    """What the costs depend on: the machine, the pair and its shapes, the engine's code."""
+    device = torch.cuda.get_device_name(dec.device) if dec.device.type == "cuda" else processor()
+    return json.dumps([device, torch.get_num_threads(), torch.__version__, str(dec.target.embed_tokens.weight.dtype),
+                       model, draft, list(sizes), dec.spec.steps, CONTEXT, code_fingerprint()])
+
+
+def kept_costs(dec: BatchDecoder, model: str, draft: str, folder: str | None) -> dict[int, list[float]]:
+    """measure_costs at batch_sizes(max_batch), kept in `folder`/step_costs.json (None: measured
+    here, not kept)."""
+    sizes = batch_sizes(dec.max_batch)
+    if not folder:
+        return measure_costs(dec, sizes)
+    def measure() -> dict:
+        return {"ms": {rows: [round(c, 3) for c in ms] for rows, ms in measure_costs(dec, sizes).items()}}
+
+    entry = kept_measurement(Path(folder) / "step_costs.json", costs_key(dec, model, draft, sizes), measure,
+                             "step costs per batch size")
+    return {int(rows): ms for rows, ms in entry["ms"].items()}
