@@ -6,7 +6,8 @@ up to 4 rows costs what one row does and 12-32 rows three to four times as much
 (benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/, cpu_linear/). So, as vLLM's dynamic
 speculation does with its measured cost per batch size and token count, the engine times its own
 steps at load, at each power-of-two batch size and each step count from 0 to `steps`. At each
-batch size it then drafts the steps with the most tokens per second:
+batch size it then drafts the steps with the most tokens per second (more steps must give
+MIN_GAIN more than fewer):
 
     tokens(s) = 1 + accept_rates[0] + ... + accept_rates[s-1]
     steps(b)  = argmax over s of tokens(s) / cost(b, s)
@@ -35,6 +36,12 @@ from models.kept_measurements import kept_measurement, processor
 CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt and its reply
 ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
 BLOCK = 4       # steps timed back to back per round at 1 or more drafts (LAG_STEPS at 0)
+# More drafts must predict this much more speed than fewer. The prediction leaves out admission
+# and a batch's tail, and measured ratios came out below it: 1.59x for 1.74x at one request, 1.31x
+# for 1.43x at two (batch_sweep/cpu_http/ab_s32_amd_steps/); at 8 rows 1 step predicted 1.05x the
+# 0-step speed, and ran at 0.99x in the engine loop (batch_sweep/cpu_amd_s32_chain1.md) and 0.85-0.89x
+# plain decoding over HTTP (batch_sweep/cpu_http/ab_s32_measured/). So a near-tie drafts less.
+MIN_GAIN = 0.10
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -78,13 +85,18 @@ def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS)
     return costs
 
 
-def choose_steps(costs: dict[int, list[float]], accept_rates: Sequence[float]) -> tuple[tuple[int, int], ...]:
-    """((batch size, steps), ...): at each size the steps with the most tokens per ms (the fewer
-    steps on a tie)."""
+def choose_steps(costs: dict[int, list[float]], accept_rates: Sequence[float],
+                 min_gain: float = MIN_GAIN) -> tuple[tuple[int, int], ...]:
+    """((batch size, steps), ...): at each size the steps with the most tokens per ms, where more
+    steps must give `min_gain` more than the best with fewer."""
     table = []
     for rows, ms in sorted(costs.items()):
         speed = [(1 + sum(accept_rates[:s])) / cost for s, cost in enumerate(ms)]
-        table.append((rows, max(range(len(ms)), key=lambda s: (speed[s], -s))))
+        best = 0
+        for s in range(1, len(ms)):
+            if speed[s] > (1 + min_gain) * speed[best]:
+                best = s
+        table.append((rows, best))
     return tuple(table)
 
 

@@ -18,11 +18,13 @@ RATES = [0.6, 0.4, 0.25]
 
 
 def test_each_batch_size_drafts_the_steps_with_the_most_tokens_per_ms():
-    # 1 row: tokens/ms 1/10, 1.6/11, 2.0/12, 2.25/13 -> 3 steps. 8 rows: a verify's rows cost more
-    # than its drafts give -> 0. 2 rows: 1/10 = 1.6/16, a tie -> the fewer steps.
+    # tokens per cycle at 0..3 steps: 1, 1.6, 2.0, 2.25. 1 row: tokens/ms .100, .145, .167, .173;
+    # 3 steps gain only 4% on 2 -> 2 (with no MIN_GAIN, 3). 8 rows: a verify's rows cost more than its
+    # drafts give -> 0. 2 rows: 1/10 = 1.6/16, a tie -> the fewer steps.
     costs = {1: [10, 11, 12, 13], 2: [10, 16, 30, 40], 8: [20, 45, 60, 70]}
-    assert choose_steps(costs, RATES) == ((1, 3), (2, 0), (8, 0))
-    assert choose_steps({4: [10, 12, 14, 50]}, RATES) == ((4, 2),)
+    assert choose_steps(costs, RATES) == ((1, 2), (2, 0), (8, 0))
+    assert choose_steps(costs, RATES, min_gain=0) == ((1, 3), (2, 0), (8, 0))
+    assert choose_steps({4: [10, 12, 13, 50]}, RATES) == ((4, 2),)  # .100, .133, .154, .045
 
 
 def test_batch_sizes_are_powers_of_two_up_to_max_batch():
