@@ -18,6 +18,7 @@ from engine.decoder import PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
 from models.llama import load_target
+from tests.engine_runs import greedy_ids
 from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
 
 N_TOKENS = 40
@@ -318,23 +319,8 @@ def test_engine_admission_in_groups_matches_baseline(models, fitted_dir):
                                            device="cpu", max_context=512, max_batch=2, prefill_min_rows=2,
                                            prefill_tokens=40))
     prompts = models["prompts"] * 2 + models["prompts"][:1]
-
-    async def one(i, prompt):
-        ids = []
-        async for out in engine.generate(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=N_TOKENS,
-                                                                         ignore_eos=True, detokenize=False)):
-            assert out.text == ""
-            ids += out.token_ids
-        return ids
-
-    async def go():
-        await engine.start()
-        try:
-            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-        finally:
-            await engine.shutdown()
     expected = models["baseline"] * 2 + models["baseline"][:1]
-    assert asyncio.run(go()) == expected
+    assert greedy_ids(engine, prompts, [N_TOKENS] * len(prompts)) == expected
 
 
 # -- stop conditions inside accepted runs, through the engine -----------------------------------

@@ -1,17 +1,16 @@
 """Steps per batch size from measured step costs (engine/steps_by_cost.py): the choice, the costs
 kept per machine, and an engine that serves by them answering as the target alone does."""
-import asyncio
 import json
 
 import pytest
 import torch
 
-from engine.api import SamplingParams
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
 from engine.steps_by_cost import batch_sizes, choose_steps, costs_key, kept_costs
 from models.llama import load_target
+from tests.engine_runs import greedy_ids
 from tests.tiny import export_drafter, make_target_dir, random_drafter
 
 RATES = [0.6, 0.4, 0.25]
@@ -85,20 +84,7 @@ def test_an_engine_with_accept_rates_serves_the_table_its_costs_give_and_changes
                for n in (1, 7, 33, 12)]
 
     def answers(engine) -> tuple[list[list[int]], tuple]:
-        async def one(i, prompt):
-            ids = []
-            async for out in engine.generate(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=24 + 8 * i,
-                                                                             ignore_eos=True, detokenize=False)):
-                ids += out.token_ids
-            return ids
-
-        async def go():
-            await engine.start()
-            try:
-                return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-            finally:
-                await engine.shutdown()
-        outs = asyncio.run(go())
+        outs = greedy_ids(engine, prompts, [24 + 8 * i for i in range(len(prompts))])
         return outs, engine.decoder.spec.steps_by_batch if engine.decoder.spec else ()
 
     speculative, table = answers(engine)
