@@ -113,6 +113,7 @@ def kept_costs(dec: BatchDecoder, model: str, draft: str, folder: str | None) ->
     sizes = batch_sizes(dec.max_batch)
     if not folder:
         return measure_costs(dec, sizes)
+
     def measure() -> dict:
         return {"ms": {rows: [round(c, 3) for c in ms] for rows, ms in measure_costs(dec, sizes).items()}}
 

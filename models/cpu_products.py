@@ -25,9 +25,9 @@ there chose it for 1-8 rows, 2-8, and [2, 5, 6, 7, 8]
 (benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/). Each row count was then timed in one go,
 a few tens of ms, and the first ones fell in the server's own start-up beside the engine process. So
 every (row count, form) now takes its turn once per rep, and a busy spell falls on a few runs of
-each. `kept_few_rows` therefore measures once
-per machine and keeps the choice, with the timings it came from, in a file that every later server
-with the same processor, thread count and torch reads (models/kept_measurements.py).
+each. And `kept_few_rows` measures once per machine: it keeps the choice, with the timings it came
+from, in a file that every later server with the same processor, thread count and torch reads
+(models/kept_measurements.py).
 """
 from __future__ import annotations
 
