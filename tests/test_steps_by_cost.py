@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.decoder import BatchDecoder, SpecConfig
-from engine.loading import NativeEngineArgs, build_engine
+from engine.loading import NativeEngineArgs, build_engine, cpu_threads
 from engine.sampling import BatchSampling
 from engine.steps_by_cost import batch_sizes, choose_steps, costs_key, kept_costs
 from models.llama import load_target
@@ -77,6 +77,7 @@ def test_an_engine_with_accept_rates_serves_the_table_its_costs_give_and_changes
                                            spec=SpecConfig(3, accept_rates=RATES)))
     dec = BatchDecoder(pair["target"], pair["drafter"], SpecConfig(3, accept_rates=RATES), max_batch=4,
                        max_context=512)
+    torch.set_num_threads(cpu_threads(0))  # the key names the thread count, which the engine's load sets
     key = costs_key(dec, str(pair["target_dir"]), str(pair["draft_dir"]), [1, 2, 4])
     (tmp_path / "step_costs.json").write_text(json.dumps({key: {
         "ms": {"1": [10, 10, 10, 10], "2": [10, 30, 30, 30], "4": [10, 40, 40, 40]}, "measured": "then"}}))
