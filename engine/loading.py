@@ -12,7 +12,7 @@ from pydantic import StrictStr, model_validator
 from pydantic.dataclasses import dataclass
 
 from engine.api import EngineInfo
-from engine.config import CONFIG, NativeConfig, SpecConfig, field_error
+from engine.config import CONFIG, COSTS_NEED_EAGER, NativeConfig, SpecConfig, field_error
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
 from engine.steps_by_cost import choose_steps, kept_costs
@@ -43,9 +43,7 @@ class NativeEngineArgs(NativeConfig):
     @model_validator(mode="after")
     def _costs_are_measured_eager(self):
         if self.compile and self.speculation and self.speculation.accept_rates:
-            raise field_error("compile", "steps from measured costs (speculative.accept_rates) time every step count "
-                                         "at every batch size, a compile each: give steps or steps_by_batch "
-                                         "instead")
+            raise field_error("compile", COSTS_NEED_EAGER)
         return self
 
 
