@@ -2,11 +2,11 @@
 
 A table swept on one machine can lose on another. cpu-default's table, swept on an Intel Xeon VM,
 ran at 0.69-0.90x plain decoding at 4-32 requests on session 32's AMD EPYC VM. There a product of
-up to 4 rows costs what one row does and 12-32 rows three to four times as much
-(benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/, cpu_linear/). So, as vLLM's dynamic
-speculation does with its measured cost per batch size and token count, the engine times its own
-steps at load, at each power-of-two batch size and each step count from 0 to `steps`. At each
-batch size it then drafts the steps with the most tokens per second (more steps must give
+up to 4 rows costs what one row does and 12-32 rows 3.0-4.5 times as much
+(benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/, cpu_linear/matmul_forms_amd_32.md). So,
+as vLLM's dynamic speculation does with its measured cost per batch size and token count, the
+engine times its own steps at load, at each power-of-two batch size and each step count from 0
+to `steps`. At each batch size it then drafts the steps with the most tokens per second (more steps must give
 MIN_GAIN more than fewer):
 
     tokens(s) = 1 + accept_rates[0] + ... + accept_rates[s-1]

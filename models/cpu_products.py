@@ -19,15 +19,15 @@ pairs of them side by side, all chose F.linear everywhere. Beside another server
 chose W @ x.T for 7 and 8 rows, where the forms are closest, so the A/B scripts start their servers
 one after another (benchmarks/results/batch_sweep/cpu_http/servers.sh).
 
-Even so, servers still chose differently. On session 32's AMD VM W @ x.T was 2.3-7x faster at
-every row count, and four calibrations in a process of their own chose it for 1-8 rows. Yet servers
-there chose it for 1-8 rows, 2-8, and [2, 5, 6, 7, 8]
-(benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/). Each row count was then timed in one go,
-a few tens of ms, and the first ones fell in the server's own start-up beside the engine process. So
-every (row count, form) now takes its turn once per rep, and a busy spell falls on a few runs of
-each. And `kept_few_rows` measures once per machine: it keeps the choice, with the timings it came
-from, in a file that every later server with the same processor, thread count and torch reads
-(models/kept_measurements.py).
+Even so, servers still chose differently. On session 32's AMD VM W @ x.T was 1.9-7.5x faster at
+every row count, and four calibrations in a process of their own chose it for 1-8 rows
+(benchmarks/results/cpu_linear/calibration_s32_amd.md). Yet servers there chose it for 1-8 rows,
+2-8, and [2, 5, 6, 7, 8] (benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/). Each row count
+was then timed in one go, a few tens of ms, and the first ones fell in the server's own start-up
+beside the engine process. So every (row count, form) now takes its turn once per rep, and a busy
+spell falls on a few runs of each. And `kept_few_rows` measures once per machine: it keeps the
+choice, with the timings it came from, in a file that every later server with the same processor,
+thread count and torch reads (models/kept_measurements.py).
 """
 from __future__ import annotations
 
