@@ -33,6 +33,7 @@ from engine.greedy_cycle import chain_greedy, deferred_greedy, drafter_catch_up,
 from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling, probs_from_logits, sample_rows
 from engine.saved_compile import SavedCompile, marked
+from engine.torch_fixes import keep_tuned_configs
 from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
 from models.layers import AttnInputs
@@ -66,6 +67,12 @@ TUNED_KINDS = ("plain", "chain", "deferred")
 # backlog's memory is
 # max_batch * LAG_STEPS * (3 * target hidden) values.
 LAG_STEPS = 16
+# Without graphs or compile (CPU) the catch-up has no fixed shape: it is as wide as the longest
+# backlog, and the backlog holds this many steps. A request that ends before drafting resumes or the
+# backlog fills never pays for its catch-up; at a steady 4 or 8 requests on 2 cores, where the
+# table drafts nothing, most requests end so (cpu-default's CPU costs: benchmarks/results/batch_sweep/
+# zero_steps_s33/).
+EAGER_LAG_STEPS = 128
 
 # With `prefill_graphs`, a prompt of at most this many tokens prefills as a CUDA graph, its
 # width padded to a power of two (16 on), one graph per width: the cache row is read from a
@@ -109,7 +116,7 @@ class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
                  fast_greedy: bool = True, compile: bool = False, prefill_graphs: bool = False,
-                 compile_prefill: bool = True, compile_cache: str | None = None):
+                 compile_prefill: bool = True, compile_cache: str | None = None, lag_steps: int | None = None):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
         self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
@@ -141,11 +148,13 @@ class BatchDecoder:
             # the tokens and the target's aux states it has not read yet.
             self.lag = [0] * max_batch
             self.lag_dev = torch.zeros(max_batch, dtype=torch.long, device=self.device)
-            self.lag_tokens = torch.zeros(max_batch, LAG_STEPS, dtype=torch.long, device=self.device)
-            aux = drafter.config.num_aux * drafter.config.target_hidden_size
-            self.lag_aux = torch.zeros(max_batch, LAG_STEPS, aux, dtype=dtype, device=self.device)
         self.synthetic: SyntheticAcceptance | None = None             # benchmarks only, see below
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
+        if self.spec:
+            self.lag_capacity = lag_steps or (LAG_STEPS if self.graphs.enabled or compile else EAGER_LAG_STEPS)
+            self.lag_tokens = torch.zeros(max_batch, self.lag_capacity, dtype=torch.long, device=self.device)
+            aux = drafter.config.num_aux * drafter.config.target_hidden_size
+            self.lag_aux = torch.zeros(max_batch, self.lag_capacity, aux, dtype=dtype, device=self.device)
         # Captured prefills read their prompt from these (on CPU nothing is captured: the prompt
         # is only padded, which is how tests check the padded path).
         self.prefill_graphs = prefill_graphs
@@ -170,6 +179,7 @@ class BatchDecoder:
         self._fns_rows = self._fns
         if self.compiled:
             import torch._dynamo as dynamo
+            keep_tuned_configs()
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
             self._fns = {k: _compiled(_span_from_ref(f), compile_cache, k, False,
                                       dict(COMPILE_OPTIONS) if k in TUNED_KINDS else {})
@@ -512,7 +522,7 @@ class BatchDecoder:
         else:
             lens = self.lens[:rows] + [0] * (padded - rows)
             self.lens_dev[:padded].copy_(torch.tensor(lens), non_blocking=True)
-        if self.spec and (behind := max(self.lag[:rows])) and (steps or behind == LAG_STEPS):
+        if self.spec and (behind := max(self.lag[:rows])) and (steps or behind == self.lag_capacity):
             self._catch_up(rows, padded, span)
         if self.synthetic is not None:
             self.synthetic.uniforms.uniform_(generator=self.synthetic.generator)
@@ -593,14 +603,16 @@ class BatchDecoder:
                 for b, r in enumerate(results)]
 
     def _catch_up(self, rows: int, padded: int, span: int) -> None:
-        """The drafter over every row's backlog before a device-side step (once per LAG_STEPS
-        steps at 0 drafts, or when drafting resumes), at one shape: LAG_STEPS entries a row
-        (a shorter backlog repeats its last) over the padded rows, so it replays as a captured
-        graph per (rows, span); eager it cost 15-20 ms on the H200 (benchmarks/results/h200_s23/).
-        Padding rows have no backlog: they write only their own free cache rows."""
+        """The drafter over every row's backlog before a device-side step (when the backlog is
+        full at 0 drafts, or when drafting resumes). With graphs or compile, at one shape: LAG_STEPS
+        entries a row (a shorter backlog repeats its last) over the padded rows, so it replays as a
+        captured graph per (rows, span); eager it cost 15-20 ms on the H200 (benchmarks/results/h200_s23/).
+        Padding rows have no backlog: they write only their own free cache rows. Otherwise as wide
+        as the longest backlog."""
         self.lag_dev[rows:padded].zero_()
+        width = self.lag_capacity if self.graphs.enabled or self.compiled else max(self.lag[:rows])
         self.graphs.run(("catch up", padded, span),
-                        lambda: drafter_catch_up(self, padded, self.lens_dev[:padded], span, LAG_STEPS))
+                        lambda: drafter_catch_up(self, padded, self.lens_dev[:padded], span, width))
         self.lag[:rows] = [0] * rows
 
     # -- logits processing and logprobs (host-side rows) -------------------------------------

@@ -2,13 +2,14 @@
 CUDA graphs and compiled): at 0 draft steps a device-side step leaves the drafter behind and
 catches it up in one forward (engine/greedy_cycle.py), the general step extends it every step.
 
-Rows join at different times (backlogs of different lengths), more 0-step steps run than the
-backlog holds, a row moves away, then one row drafts again. The spec must draft at 1 row and
+Rows join at different times (backlogs of different lengths), more 0-step steps run than a
+backlog of 16 holds (graphs and compiled steps; on CPU a test sets it), a row moves away, then one
+row drafts again. The spec must draft at 1 row and
 not at 2 or 3 (e.g. steps_by_batch ((1, 3), (2, 0), (3, 0))).
 """
 from __future__ import annotations
 
-from engine.decoder import LAG_STEPS, BatchDecoder
+from engine.decoder import BatchDecoder
 from engine.sampling import BatchSampling
 
 
@@ -31,7 +32,7 @@ def run_deferral_schedule(dec: BatchDecoder, prompts: list[list[int]]) -> dict:
     outs[1] = [dec.prefill(1, prompts[1], greedy(1))]
     run(2, 5)
     outs[2] = [dec.prefill(2, prompts[2], greedy(1))]
-    run(3, LAG_STEPS + 3)   # backlogs 5 + 11 = LAG_STEPS (row 2: 11): all caught up, then 8 more
+    run(3, 19)   # backlogs 5 + 11 = 16 (row 2: 11): with 16 a full backlog, all caught up, then 8 more
     lags.append(dec.lag[:3])
     dec.move_row(2, 0)      # row 0 leaves, row 2 takes its place
     done, outs[0], outs[2] = outs[0], outs[2], []

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.api import SamplingParams
-from engine.decoder import PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
+from engine.decoder import LAG_STEPS, PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
 from models.llama import load_target
@@ -538,20 +538,23 @@ def test_steps_by_batch_size_is_lossless(models, fast):
         assert n > 10 and out[:n] == expected[:n]
 
 
-def test_deferred_drafter_catches_up_to_extending_every_step(models):
+@pytest.mark.parametrize("lag_steps, lags", [(LAG_STEPS, [[8, 8, 8], [10, 10]]), (None, [[24, 24, 19], [21, 26]])])
+def test_deferred_drafter_catches_up_to_extending_every_step(models, lag_steps, lags):
     """At 0 draft steps the device-side step leaves the drafter behind and catches it up in one
-    forward (when drafting resumes, or after LAG_STEPS steps); the general step extends it every
+    forward (when drafting resumes, or when the backlog is full); the general step extends it every
     step. Rows joining at different times (backlogs of different lengths), more 0-step steps
-    than the backlog holds and a moved row: both leave the same draft state, so drafting
-    resumes with the same drafts, the same acceptance and the solo greedy outputs."""
+    than a backlog of LAG_STEPS holds (graphs and compiled steps) or fewer than the CPU's default
+    holds (the catch-up as wide as the longest backlog), and a moved row: both leave the same draft
+    state, so drafting resumes with the same drafts, the same acceptance and the solo greedy outputs."""
     from tests.deferral_schedule import run_deferral_schedule
     spec = SpecConfig(3, steps_by_batch=((1, 3), (2, 0), (3, 0)))
     runs = {fast: run_deferral_schedule(BatchDecoder(models["target"], models["drafters"]["fitted"], spec,
-                                                     max_batch=3, max_context=512, fast_greedy=fast),
+                                                     max_batch=3, max_context=512, fast_greedy=fast,
+                                                     lag_steps=lag_steps),
                                         models["prompts"])
             for fast in (True, False)}
     fast, general = runs[True], runs[False]
-    assert fast["lags"] == [[8, 8, 8], [10, 10]]
+    assert fast["lags"] == lags
     for a, b in zip(fast["state"], general["state"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert fast["accepted"] == general["accepted"] and max(map(max, fast["accepted"][-3:])) > 0
