@@ -64,14 +64,12 @@ TUNED_KINDS = ("plain", "chain", "deferred")
 # in one forward (engine/greedy_cycle.py): reading its weights once per this many tokens, not
 # once a token, leaves a step at 0 drafts about a plain step (0.94-1.01x on the H200 not compiled,
 # benchmarks/results/h200_s23/, with the catch-up eager; it replays a captured graph since); the
-# backlog's memory is
-# max_batch * LAG_STEPS * (3 * target hidden) values.
+# backlog's memory is max_batch * its steps * (3 * target hidden) values.
 LAG_STEPS = 16
-# Without graphs or compile (CPU) the catch-up has no fixed shape: it is as wide as the longest
-# backlog, and the backlog holds this many steps. A request that ends before drafting resumes or the
-# backlog fills never pays for its catch-up; at a steady 4 or 8 requests on 2 cores, where the
-# table drafts nothing, most requests end so (cpu-default's CPU costs: benchmarks/results/batch_sweep/
-# zero_steps_s33/).
+# Without graphs or compile (CPU) the catch-up has no fixed shape, so it is as wide as the longest
+# backlog, and the backlog holds this many steps. A request that ends before drafting resumes or its
+# backlog fills never pays for its catch-up. On 2 cores a step costs the same with either backlog,
+# and over HTTP the saving was below the noise (benchmarks/results/batch_sweep/zero_steps_s33/).
 EAGER_LAG_STEPS = 128
 
 # With `prefill_graphs`, a prompt of at most this many tokens prefills as a CUDA graph, its
@@ -151,6 +149,7 @@ class BatchDecoder:
         self.synthetic: SyntheticAcceptance | None = None             # benchmarks only, see below
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
         if self.spec:
+            # lag_steps: another backlog length (tests give the CPU the GPU's)
             self.lag_capacity = lag_steps or (LAG_STEPS if self.graphs.enabled or compile else EAGER_LAG_STEPS)
             self.lag_tokens = torch.zeros(max_batch, self.lag_capacity, dtype=torch.long, device=self.device)
             aux = drafter.config.num_aux * drafter.config.target_hidden_size

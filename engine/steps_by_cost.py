@@ -14,7 +14,7 @@ MIN_GAIN more than fewer):
 
 accept_rates[i] is the share of verifies whose first i+1 drafts are accepted, measured for the
 drafter (SpecConfig.accept_rates). cost(b, 0) is the speculative engine's step at 0 drafts: the
-target alone, with the drafter catching up once per LAG_STEPS steps. Costs are taken as the
+target alone, the drafter catching up when its backlog is full. Costs are taken as the
 loop pays them (device-side greedy steps, the host's read included). They are taken at a fixed
 context of CONTEXT tokens, the rows rewound after each step, and kept per machine
 (models/kept_measurements.py). Greedy outputs do not depend on the table (tests/test_lossless.py).
@@ -56,7 +56,9 @@ def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS)
 
     The step counts take turns, `rounds` times. Each turn runs one untimed step (a change of
     step count can catch the drafter up), then times a block of steps back to back. At 0 steps
-    the block is LAG_STEPS steps, which hold exactly one catch-up of the drafter. A step count
+    the block is LAG_STEPS steps: with graphs or compile they hold exactly one catch-up of the
+    drafter; without (CPU), whose backlog holds EAGER_LAG_STEPS, none, and one catch-up per 128
+    steps costs no more (benchmarks/results/batch_sweep/zero_steps_s33/). A step count
     keeps its fastest block: other work on the machine only adds time (session 32's VM measured
     one step count 40-70% slow in single runs). Leaves every row empty and the decoder's own
     speculative setting in force."""
