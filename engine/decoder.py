@@ -148,9 +148,11 @@ class BatchDecoder:
             self.lag_dev = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         self.synthetic: SyntheticAcceptance | None = None             # benchmarks only, see below
         self.graphs = GraphRunner(self.device, self._graph_state, enabled=cuda_graphs)
+        # Captured graphs and compiles want few shapes: spans in power-of-two buckets, catch-ups at one width.
+        self.fixed_shapes = self.graphs.enabled or compile
         if self.spec:
             # lag_steps: another backlog length (tests give the CPU the GPU's)
-            self.lag_capacity = lag_steps or (LAG_STEPS if self.graphs.enabled or compile else EAGER_LAG_STEPS)
+            self.lag_capacity = lag_steps or (LAG_STEPS if self.fixed_shapes else EAGER_LAG_STEPS)
             self.lag_tokens = torch.zeros(max_batch, self.lag_capacity, dtype=torch.long, device=self.device)
             aux = drafter.config.num_aux * drafter.config.target_hidden_size
             self.lag_aux = torch.zeros(max_batch, self.lag_capacity, aux, dtype=dtype, device=self.device)
@@ -178,7 +180,8 @@ class BatchDecoder:
         self._fns_rows = self._fns
         if self.compiled:
             import torch._dynamo as dynamo
-            keep_tuned_configs()
+            if self.device.type == "cuda":   # the bug is in the Triton kernels' tuning
+                keep_tuned_configs()
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
             self._fns = {k: _compiled(_span_from_ref(f), compile_cache, k, False,
                                       dict(COMPILE_OPTIONS) if k in TUNED_KINDS else {})
@@ -247,7 +250,7 @@ class BatchDecoder:
         """Attention width: enough for every row, rounded (powers of two when graphs are captured
         or steps compiled: few buckets, each captured once)."""
         need = max(self.lens[:rows]) + extra
-        if self.graphs.enabled or self.compiled:
+        if self.fixed_shapes:
             return pow2_bucket(need, 256, self.cache_len)
         m = self.span_multiple
         return min(self.cache_len, -(-need // m) * m)
@@ -450,7 +453,7 @@ class BatchDecoder:
         a request's time; compiled, at the narrowest and the widest span. Leaves every row empty.
         Eager steps without graphs (CPU) have nothing to prepare: it returns at once. With
         `prefill_graphs`, the captured (and compiled) prefills too, one per width (every row shares them)."""
-        if not (self.graphs.enabled or self.compiled):
+        if not self.fixed_shapes:
             return
         if self.prefill_graphs:
             limit = min(PREFILL_GRAPH_TOKENS, self.cache_len)
@@ -609,7 +612,7 @@ class BatchDecoder:
         Padding rows have no backlog: they write only their own free cache rows. Otherwise as wide
         as the longest backlog."""
         self.lag_dev[rows:padded].zero_()
-        width = self.lag_capacity if self.graphs.enabled or self.compiled else max(self.lag[:rows])
+        width = self.lag_capacity if self.fixed_shapes else max(self.lag[:rows])
         self.graphs.run(("catch up", padded, span),
                         lambda: drafter_catch_up(self, padded, self.lens_dev[:padded], span, width))
         self.lag[:rows] = [0] * rows
