@@ -16,7 +16,7 @@ from engine.config import CONFIG, COSTS_NEED_EAGER, NativeConfig, SpecConfig, fi
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
 from engine.steps_by_cost import choose_steps, kept_costs
-from models.cpu_products import faster_few_rows, kept_few_rows
+from models.cpu_products import kept_forms, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
 from models.layers import Linear, fuse_projections
@@ -104,10 +104,9 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     fuse_projections(target)
     if device.type == "cpu" and dtype == torch.float32:
         threads = torch.get_num_threads()
-        Linear.cpu_few_rows = (kept_few_rows(threads, args.tuning_cache) if args.tuning_cache
-                               else faster_few_rows(threads))
-        log.info("CPU float32 products of %s rows as W @ x.T (measured faster here), others F.linear",
-                 sorted(Linear.cpu_few_rows) or "no")
+        Linear.cpu_forms = kept_forms(threads, args.tuning_cache) if args.tuning_cache else measured_forms(threads)
+        log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s",
+                 ", ".join(f"{n}: {form}" for n, form in Linear.cpu_forms.measured))
     return target, drafter, device
 
 

@@ -1,17 +1,18 @@
-"""Which form of a few-row float32 product is faster on this CPU: timed once per process, or once
-per machine and kept in a file.
+"""Which form of a float32 product is fastest on this CPU at each row count: timed once per
+process, or once per machine and kept in a file.
 
-`F.linear` (x @ W.T) and `few_rows_cpu` (W @ x.T) read the same weights once, but which of the
-library's kernels each reaches depends on the processor: on session 9's AMD EPYC VM, W @ x.T was
-1.3-2.5x faster for 1-4 rows; on session 12's Intel Xeon VM it was 2-2.5x slower
-(benchmarks/results/cpu_linear/). A fixed choice is wrong on one of them, so the engine times both
-on a matrix larger than the caches (a decode step's weights are read from memory) and takes
-W @ x.T only for the row counts where it is clearly faster. Both forms give the same products up
-to float32 rounding.
+F.linear (x @ W.T), `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a prepacked weight)
+read the same weights once, but which kernels they reach depends on the processor: on session 9's
+AMD EPYC VM, W @ x.T was 1.3-2.5x faster than F.linear for 1-4 rows; on session 12's Intel Xeon VM
+it was 2-2.5x slower (benchmarks/results/cpu_linear/); on session 33's AMD EPYC VM oneDNN was
+2.2-4.0x faster than F.linear at every count from 1 to 512 rows. A fixed choice is wrong on some
+of them, so the engine times the forms on a matrix larger than the caches (a decode step's weights
+are read from memory) at row counts from one token to the longest verify (CALIBRATED_ROWS), and takes another
+form than F.linear only where it is clearly faster. All give the same products up to float32 rounding.
 
-The two forms take turns and each keeps its fastest run (other work on the machine only adds time,
-so the minimum drops it), and W @ x.T must win by MARGIN. Timed one form after the other, by the
-median of three runs, with a 10% margin, two servers started side by side on session 31's Intel VM
+The forms take turns and each keeps its fastest run (other work on the machine only adds time,
+so the minimum drops it), and another form must beat F.linear by MARGIN. Timed one form after
+the other, by the median of three runs, with a 10% margin, two servers started side by side on session 31's Intel VM
 chose differently (W @ x.T for 4, 7 and 8 rows in one, 7 and 8 in the other), where W @ x.T was
 1.06-3.1x slower at every row count; the plain side of that A/B ran its 4-row products 1.56x slower
 (benchmarks/results/batch_sweep/cpu_http/ab_s31_interleaved/). Now nine calibrations there, two
@@ -25,7 +26,7 @@ every row count, and four calibrations in a process of their own chose it for 1-
 2-8, and [2, 5, 6, 7, 8] (benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/). Each row count
 was then timed in one go, a few tens of ms, and the first ones fell in the server's own start-up
 beside the engine process. So every (row count, form) now takes its turn once per rep, and a busy
-spell falls on a few runs of each. And `kept_few_rows` measures once per machine: it keeps the
+spell falls on a few runs of each. And `kept_forms` measures once per machine: it keeps the
 choice, with the timings it came from, in a file that every later server with the same processor,
 thread count and torch reads (models/kept_measurements.py).
 """
@@ -37,66 +38,85 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+from models.cpu_forms import CPU_FEW_ROWS, CpuForms, few_rows_cpu, onednn_available, onednn_linear
 from models.kept_measurements import kept_measurement, processor
-from models.layers import CPU_FEW_ROWS, few_rows_cpu
 
 # 57 MB of float32 weights in SmolLM2's width: beyond a VM's share of the last-level cache.
 CALIBRATION_SHAPE = (24576, 576)
-# W @ x.T must take this share less time to be chosen (F.linear is the library's default). 10% let
-# noise flip row counts where the forms are within 6-16% (Intel, session 31). On the AMD VM at two
-# threads (the engine's default on 2 cores) W @ x.T was 1.43-4.36x faster at every row count and
-# still passes; at one thread its 6-8 rows (1.00-1.14x) now stay F.linear.
+# Row counts timed: each up to CPU_FEW_ROWS (decode and short verifies), then verifies of up to 8
+# requests (cpu-default's max_batch) of 4 tokens; counts between take the larger's form, longer
+# prefills the last's (models/cpu_forms.CpuForms).
+CALIBRATED_ROWS = (*range(1, CPU_FEW_ROWS + 1), 12, 16, 24, 32)
+# Another form must take this share less time than F.linear (the library's default) to be chosen.
+# 10% let noise flip row counts where the forms are within 6-16% (Intel, session 31). On the AMD VM
+# at two threads (the engine's default on 2 cores) W @ x.T was 1.43-4.36x faster at every row count
+# and still passes; at one thread its 6-8 rows (1.00-1.14x) now stay F.linear.
 MARGIN = 0.20
-REPS = 15  # timed runs of each form at each row count: about 1 s in all on session 32's AMD VM
+REPS = 15  # timed runs of each form at each row count
 
 
-def _timings(threads: int, reps: int) -> dict[int, list[float]]:
-    """Row count -> [few_rows_cpu, F.linear] fastest ms at `threads` intra-op threads. Every
-    (row count, form) takes its turn once per rep, so a busy spell on the machine (the server's
-    own start-up, beside the engine process) falls on few runs of each, not on all of one."""
+def _forms() -> dict:
+    forms = {"linear": F.linear, "few_rows": few_rows_cpu}
+    if onednn_available():
+        forms["onednn"] = onednn_linear
+    return forms
+
+
+@torch.inference_mode()
+def _timings(threads: int, reps: int) -> dict[int, dict[str, float]]:
+    """Row count -> form -> fastest ms at `threads` intra-op threads (few_rows up to CPU_FEW_ROWS
+    rows). Every (row count, form) takes its turn once per rep, so a busy spell on the machine (the
+    server's own start-up, beside the engine process) falls on few runs of each, not on all of one."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         w = torch.randn(CALIBRATION_SHAPE, generator=torch.Generator().manual_seed(0))
-        xs = {n: torch.randn(n, w.shape[1]) for n in range(1, CPU_FEW_ROWS + 1)}
-        forms = (few_rows_cpu, torch.nn.functional.linear)
-        best = {n: [float("inf")] * len(forms) for n in xs}
+        xs = {n: torch.randn(n, w.shape[1]) for n in CALIBRATED_ROWS}
+        forms = _forms()
+        best = {n: {name: float("inf") for name in forms if name != "few_rows" or n <= CPU_FEW_ROWS} for n in xs}
         for rep in range(reps + 1):  # the first runs are untimed
             for n, x in xs.items():
-                for i, fn in enumerate(forms):
+                for name in best[n]:
                     t0 = time.perf_counter()
-                    fn(x, w)
+                    forms[name](x, w)
                     if rep:
-                        best[n][i] = min(best[n][i], (time.perf_counter() - t0) * 1000)
+                        best[n][name] = min(best[n][name], (time.perf_counter() - t0) * 1000)
         return best
     finally:
         torch.set_num_threads(saved)
 
 
-def _winners(timings: dict[int, list[float]]) -> frozenset[int]:
-    return frozenset(n for n, (few, linear) in timings.items() if few < (1 - MARGIN) * linear)
+def _winners(timings: dict[int, dict[str, float]]) -> CpuForms:
+    """At each row count the fastest form that beats F.linear by MARGIN, else F.linear."""
+    def pick(ms: dict[str, float]) -> str:
+        fast = {name: t for name, t in ms.items() if t < (1 - MARGIN) * ms["linear"]}
+        return min(fast, key=fast.get) if fast else "linear"
+    return CpuForms(tuple((n, pick(ms)) for n, ms in sorted(timings.items())))
 
 
 @functools.cache
-def faster_few_rows(threads: int, reps: int = REPS) -> frozenset[int]:
-    """Row counts (1..CPU_FEW_ROWS) at which few_rows_cpu beats F.linear by MARGIN at `threads`
-    intra-op threads (the caller's current count; cached per count)."""
+def measured_forms(threads: int, reps: int = REPS) -> CpuForms:
+    """The form of each row count at `threads` intra-op threads (the caller's current count;
+    cached per count)."""
     return _winners(_timings(threads, reps))
 
 
 def machine_key(threads: int) -> str:
     """What the choice depends on: the processor, the thread count, torch and the calibration."""
-    return json.dumps([processor(), threads, torch.__version__, CALIBRATION_SHAPE, CPU_FEW_ROWS, MARGIN])
+    return json.dumps([processor(), threads, torch.__version__, CALIBRATION_SHAPE, CALIBRATED_ROWS,
+                       sorted(_forms()), MARGIN])
 
 
 @functools.cache
-def kept_few_rows(threads: int, folder: str) -> frozenset[int]:
-    """faster_few_rows, measured once per machine key and kept in `folder`/cpu_products.json with
+def kept_forms(threads: int, folder: str) -> CpuForms:
+    """measured_forms, measured once per machine key and kept in `folder`/cpu_products.json with
     its timings (models/kept_measurements.py)."""
     def measure() -> dict:
         timings = _timings(threads, REPS)
-        return {"rows": sorted(_winners(timings)), "ms": {n: [round(t, 4) for t in ms] for n, ms in timings.items()}}
+        return {"forms": [list(p) for p in _winners(timings).measured],
+                "ms": {n: {name: round(t, 4) for name, t in ms.items()} for n, ms in timings.items()}}
 
     entry = kept_measurement(Path(folder) / "cpu_products.json", machine_key(threads), measure, "CPU product forms")
-    return frozenset(entry["rows"])
+    return CpuForms(tuple((n, form) for n, form in entry["forms"]))

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.cpu_forms import CpuForms, few_rows_cpu, onednn_linear
 from models.q4_linear import Q4Linear
 
 
@@ -126,47 +127,26 @@ class Linear(nn.Linear):
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
     blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
     benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
-    multi-token calls use F.linear, except eager float32 row counts on CPU where `few_rows_cpu` was
-    measured faster on this processor (models/cpu_products.py; the engine sets it at load).
+    multi-token calls use F.linear, except eager float32 CPU calls, which take the form measured
+    fastest on this processor for their row count (models/cpu_forms.py; the engine sets it at load).
     """
     gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side
-    cpu_few_rows: frozenset[int] = frozenset()  # row counts that take few_rows_cpu (CPU float32)
+    cpu_forms = CpuForms()    # F.linear at every row count until the engine measures this CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
         # Eager only: under torch.compile the row count may be symbolic (a prefill's width, a dynamic
-        # batch), and testing it against the set would specialize the compile to each count (a compile
+        # batch), and looking its form up would specialize the compile to each count (a compile
         # per prefill width or batch size); inductor chooses its own CPU product there.
-        if (self.cpu_few_rows and x.device.type == "cpu" and x.dtype == torch.float32
-                and not torch.compiler.is_compiling() and x.numel() // self.in_features in self.cpu_few_rows):
-            return few_rows_cpu(x, self.weight, self.bias)
+        if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+            form = self.cpu_forms.form(x.numel() // self.in_features)
+            if form == "few_rows":
+                return few_rows_cpu(x, self.weight, self.bias)
+            if form == "onednn" and not torch.is_grad_enabled():
+                return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
-
-
-CPU_FEW_ROWS = 8
-
-
-def few_rows_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for up to CPU_FEW_ROWS float32 rows on CPU, as weight @ x.T (1 or 3 rows padded
-    by one).
-
-    A decode or verify step is weight reads. On some CPUs (session 9's AMD EPYC VM) float32
-    `x @ W.T` for 2-8 rows costs up to three times one row (the library repacks the weight) while
-    `W @ x.T` reads the weight once, fastest for an even count of 2 or 4 columns (one column takes
-    a matrix-vector kernel, three a slower tile): there decode runs at two rows and a 2-4 token
-    verify costs about a decode step. On others (session 12's Intel Xeon VM) it is 2-2.5x slower
-    than F.linear (benchmarks/results/cpu_linear/), hence models/cpu_products.py. bfloat16 keeps
-    F.linear."""
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    n = rows.shape[0]
-    if n in (1, 3):
-        rows = torch.cat([rows, rows[:1]])
-    y = torch.mm(weight, rows.t())[:, :n].t().contiguous()
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def gemv_reduction(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,6 +17,8 @@ from engine.api import SamplingParams
 from engine.decoder import LAG_STEPS, PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
+from models.cpu_forms import CpuForms
+from models.layers import Linear
 from models.llama import load_target
 from tests.engine_runs import greedy_ids
 from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
@@ -74,6 +76,20 @@ def test_chain_is_lossless(models, steps, kind, fast):
         assert out[0] == expected
     if kind == "fitted" and steps >= 3:
         assert 1 + sum(acc[0]) / len(acc[0]) > 2.0  # long accepted runs really happened
+
+
+@pytest.mark.parametrize("forms", [((64, "linear"),), ((64, "few_rows"),), ((64, "onednn"),),
+                                   ((1, "onednn"), (4, "few_rows"), (64, "linear"))],
+                         ids=["linear", "few_rows", "onednn", "mixed"])
+def test_chain_is_lossless_in_every_cpu_product_form(models, monkeypatch, forms):
+    """Greedy speculation gives plain decoding's tokens whichever float32 product form each row
+    count takes on this CPU (models/cpu_forms.py, chosen at load by measurement), also where a
+    decode step's one row and a verify's rows take different forms."""
+    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(forms))
+    for prompt in models["prompts"]:
+        plain = decode(models["target"], None, None, [prompt])[0][0]
+        for steps in (1, 3, 6):
+            assert decode(models["target"], models["drafters"]["fitted"], SpecConfig(steps), [prompt])[0][0] == plain
 
 
 def test_compiled_decoder_matches_eager(models):
@@ -163,12 +179,11 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch
 def test_compiled_shapes_compile_once_for_every_width_and_batch(models, monkeypatch):
     """A compiled engine compiles its captured prefill once for every power-of-two width and its
     step twice (batch 1, then one dynamic batch for 2-4 rows), also where CPU float32 row counts
-    take few_rows_cpu in eager steps (Linear.cpu_few_rows, set at load on such processors): its
+    take other product forms in eager steps (Linear.cpu_forms, set at load by measurement): its
     test of the row count once specialized the compiles to each width and batch size."""
     from torch._dynamo.utils import counters
 
-    from models.layers import Linear
-    monkeypatch.setattr(Linear, "cpu_few_rows", frozenset(range(1, 9)))
+    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(((8, "few_rows"), (64, "onednn"))))
     prompts = [(models["prompts"][1] * 8)[:n] for n in (10, 20, 40)]
     eager = BatchDecoder(models["target"], None, None, max_batch=4, max_context=512, prefill_graphs=True)
     firsts = [eager.prefill(0, p, greedy()) for p in prompts]   # before `dec` takes the target's caches

@@ -1,9 +1,9 @@
 """float32 products of SmolLM2-135M's shapes on CPU, weights cold (30 layers' q/k/v, o, gate/up,
 down and the 49152-row lm_head, 540 MB, read once per pass as in a decode step): F.linear
-against models.layers.few_rows_cpu at 1..8 rows (--rows), both in one run, medians of 8 passes.
+against models.cpu_forms.few_rows_cpu at 1..8 rows (--rows), both in one run, medians of 8 passes.
 Since session 33 also oneDNN's linear over weights reordered once beforehand
-(torch.ops.mkldnn._reorder_linear_weight, then _linear_pointwise; the engine does not use it yet),
-with its largest difference from F.linear over all shapes.
+(torch.ops.mkldnn._reorder_linear_weight, then _linear_pointwise; models.cpu_forms.onednn_linear
+since session 34), with its largest difference from F.linear over all shapes.
 
   OMP_NUM_THREADS=1 python benchmarks/results/cpu_linear/matmul_forms.py --threads 1,2 \
       > benchmarks/results/cpu_linear/matmul_forms.md
@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from models.layers import few_rows_cpu
+from models.cpu_forms import few_rows_cpu, onednn_linear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
@@ -27,11 +27,7 @@ def main():
     ap.add_argument("--rows", default="1,2,3,4,5,6,7,8")
     a = ap.parse_args()
     weights = [torch.randn(o, i) for _ in range(30) for o, i in SHAPES] + [torch.randn(49152, 576)]
-    packed = {id(w): torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights}
-
-    def onednn(x, w):
-        return torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], None, "none", [], "")
-
+    onednn = onednn_linear
     forms = (("F.linear", F.linear), ("few_rows_cpu", few_rows_cpu), ("oneDNN", onednn))
     print("| threads | rows | F.linear ms | few_rows_cpu ms | oneDNN packed ms | F.linear / few_rows_cpu "
           "| F.linear / oneDNN | oneDNN - F.linear, max abs |")

@@ -1,0 +1,76 @@
+"""The forms a float32 product can take in an eager CPU step, and which one each row count takes.
+
+A decode or verify step on CPU is weight reads, and how fast the library's kernels read them
+depends on the processor (benchmarks/results/cpu_linear/): F.linear (x @ W.T) is the default;
+`few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a weight reordered once into its blocked
+layout) are faster on some processors at some row counts. models/cpu_products.py times them on this
+machine and the engine sets `Linear.cpu_forms` (models/layers.py) from its choice at load. All
+three give F.linear's products up to float32 rounding.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+CPU_FEW_ROWS = 8  # the most rows few_rows_cpu is offered for
+
+
+@dataclass(frozen=True)
+class CpuForms:
+    """The form ("linear", "few_rows" or "onednn") each row count takes, from (row count, form)
+    pairs measured on this processor, ascending. A count between two measured ones takes the
+    larger's form, a count past the largest (a prefill) the largest's; none measured: F.linear."""
+    measured: tuple[tuple[int, str], ...] = ()
+
+    def form(self, rows: int) -> str:
+        if not self.measured:
+            return "linear"
+        i = bisect.bisect_left(self.measured, (rows,))
+        return self.measured[min(i, len(self.measured) - 1)][1]
+
+
+def few_rows_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for up to CPU_FEW_ROWS float32 rows on CPU, as weight @ x.T (1 or 3 rows padded
+    by one).
+
+    On some CPUs (session 9's AMD EPYC VM) float32 `x @ W.T` for 2-8 rows costs up to three times
+    one row (the library repacks the weight) while `W @ x.T` reads the weight once, fastest for an
+    even count of 2 or 4 columns (one column takes a matrix-vector kernel, three a slower tile). On
+    others (session 12's Intel Xeon VM) it is 2-2.5x slower than F.linear."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    n = rows.shape[0]
+    if n in (1, 3):
+        rows = torch.cat([rows, rows[:1]])
+    y = torch.mm(weight, rows.t())[:, :n].t().contiguous()
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+# weight -> (its version counter when reordered, the reordered copy); an entry goes with its weight.
+_REORDERED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# The row count oneDNN lays the weight out for. On session 33's AMD EPYC VM, one layout for 8 rows
+# ran SmolLM2's products 2.3-4.0x faster than F.linear at every count from 1 to 512
+# (benchmarks/results/cpu_linear/matmul_forms_onednn_s33.md).
+REORDER_ROWS = 8
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear through oneDNN over a copy of `weight` reordered into oneDNN's blocked layout
+    (torch's CPU ops for it, private: torch.ops.mkldnn). The copy is made on first use and again
+    after the weight changes in place (a training step, a loaded state dict); it doubles the
+    weight's memory (an inference tensor keeps no version counter: its first copy stays). No
+    autograd: callers use it without gradients."""
+    version = None if weight.is_inference() else weight._version
+    kept = _REORDERED.get(weight)
+    if kept is None or kept[0] != version:
+        kept = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), REORDER_ROWS))
+        _REORDERED[weight] = kept
+    return torch.ops.mkldnn._linear_pointwise(x, kept[1], bias, "none", [], "")
