@@ -56,9 +56,9 @@ def onednn_available() -> bool:
 
 # weight -> (its version counter when reordered, the reordered copy); an entry goes with its weight.
 _REORDERED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-# The row count oneDNN lays the weight out for. On session 33's AMD EPYC VM, one layout for 8 rows
-# ran SmolLM2's products 2.3-4.0x faster than F.linear at every count from 1 to 512
-# (benchmarks/results/cpu_linear/matmul_forms_onednn_s33.md).
+# The row count oneDNN lays the weight out for. On the AMD EPYC VM of sessions 33-34, one layout for
+# 8 rows ran SmolLM2's products 2.1-4.0x faster than F.linear at every count from 1 to 512
+# (benchmarks/results/cpu_linear/matmul_forms_onednn_s33.md, matmul_forms_onednn_s34.md).
 REORDER_ROWS = 8
 
 

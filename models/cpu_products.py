@@ -4,21 +4,23 @@ process, or once per machine and kept in a file.
 F.linear (x @ W.T), `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a prepacked weight)
 read the same weights once, but which kernels they reach depends on the processor: on session 9's
 AMD EPYC VM, W @ x.T was 1.3-2.5x faster than F.linear for 1-4 rows; on session 12's Intel Xeon VM
-it was 2-2.5x slower (benchmarks/results/cpu_linear/); on session 33's AMD EPYC VM oneDNN was
-2.2-4.0x faster than F.linear at every count from 1 to 512 rows. A fixed choice is wrong on some
-of them, so the engine times the forms on a matrix larger than the caches (a decode step's weights
-are read from memory) at row counts from one token to the longest verify (CALIBRATED_ROWS), and takes another
-form than F.linear only where it is clearly faster. All give the same products up to float32 rounding.
+it was 2-2.5x slower (benchmarks/results/cpu_linear/); on the AMD EPYC VM of sessions 33-34 oneDNN
+was 2.1-4.0x faster than F.linear at every count from 1 to 512 rows. A fixed choice is wrong on
+some of them, so the engine times the forms on a matrix larger than the caches (a decode step's
+weights are read from memory) at row counts from one token to the longest verify
+(CALIBRATED_ROWS), and takes another form than F.linear only where it is clearly faster. All give
+the same products up to float32 rounding.
 
 The forms take turns and each keeps its fastest run (other work on the machine only adds time,
 so the minimum drops it), and another form must beat F.linear by MARGIN. Timed one form after
-the other, by the median of three runs, with a 10% margin, two servers started side by side on session 31's Intel VM
-chose differently (W @ x.T for 4, 7 and 8 rows in one, 7 and 8 in the other), where W @ x.T was
-1.06-3.1x slower at every row count; the plain side of that A/B ran its 4-row products 1.56x slower
-(benchmarks/results/batch_sweep/cpu_http/ab_s31_interleaved/). Now nine calibrations there, two
-pairs of them side by side, all chose F.linear everywhere. Beside another server's load one still
-chose W @ x.T for 7 and 8 rows, where the forms are closest, so the A/B scripts start their servers
-one after another (benchmarks/results/batch_sweep/cpu_http/servers.sh).
+the other, by the median of three runs, with a 10% margin, two servers started side by side on
+session 31's Intel VM chose differently (W @ x.T for 4, 7 and 8 rows in one, 7 and 8 in the
+other), where W @ x.T was 1.06-3.1x slower at every row count; the plain side of that A/B ran its
+4-row products 1.56x slower (benchmarks/results/batch_sweep/cpu_http/ab_s31_interleaved/). Now
+nine calibrations there, two pairs of them side by side, all chose F.linear everywhere. Beside
+another server's load one still chose W @ x.T for 7 and 8 rows, where the forms are closest, so
+the A/B scripts start their servers one after another
+(benchmarks/results/batch_sweep/cpu_http/servers.sh).
 
 Even so, servers still chose differently. On session 32's AMD VM W @ x.T was 1.9-7.5x faster at
 every row count, and four calibrations in a process of their own chose it for 1-8 rows

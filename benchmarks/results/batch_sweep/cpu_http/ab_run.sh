@@ -12,7 +12,8 @@
 # CONC picks the concurrencies (default "1 8"; 9 requests at 1, 18 above). table_prev: the table with
 # another drafter (PREV_DRAFT, e.g. the one shipped before: `git show REV:shipped/smollm2/drafter/...`).
 # _nod sides run without oneDNN's product form (session 34): their own tuning cache, whose kept
-# product forms kept_forms_without.py chose without it.
+# product forms kept_forms_without.py chose without it. fast / fast_s2: the cpu-fast profile (4-bit
+# GGUF weights, bfloat16, not token-identical) without speculation and with 2 steps.
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -22,7 +23,8 @@ export CONC=${CONC:-1 8}
 mkdir -p $OUT
 declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2"
                   [chain1]="--steps 1" [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2"
-                  [table_prev]="--draft ${PREV_DRAFT:-runs/prev_drafter}" [table_nod]="" [plain_nod]="--no-spec")
+                  [table_prev]="--draft ${PREV_DRAFT:-runs/prev_drafter}" [table_nod]="" [plain_nod]="--no-spec"
+                  [fast]="--profile cpu-fast" [fast_s2]="--profile cpu-fast --steps 2")
 declare -A ENVS=([table_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod" [plain_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod")
 if [[ " ${SIDES[*]} " == *_nod* ]]; then .venv/bin/python benchmarks/results/batch_sweep/cpu_http/kept_forms_without.py $OUT/cache_nod; fi
 source benchmarks/results/batch_sweep/cpu_http/servers.sh

@@ -9,7 +9,7 @@
 #                                                   each healthy before the next starts, stopped on exit
 start_servers() {
     local out=$1 common=$2 i=0 side; shift 2
-    declare -gA PORT
+    declare -gA PORT ENVS   # ENVS keeps what the caller set
     pids=()
     trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
     for side in "$@"; do
