@@ -67,7 +67,7 @@ def _forms() -> dict:
 
 
 @torch.inference_mode()
-def _timings(threads: int, reps: int) -> dict[int, dict[str, float]]:
+def form_timings(threads: int, reps: int) -> dict[int, dict[str, float]]:
     """Row count -> form -> fastest ms at `threads` intra-op threads (few_rows up to CPU_FEW_ROWS
     rows). Every (row count, form) takes its turn once per rep, so a busy spell on the machine (the
     server's own start-up, beside the engine process) falls on few runs of each, not on all of one."""
@@ -90,7 +90,7 @@ def _timings(threads: int, reps: int) -> dict[int, dict[str, float]]:
         torch.set_num_threads(saved)
 
 
-def _winners(timings: dict[int, dict[str, float]]) -> CpuForms:
+def fastest_forms(timings: dict[int, dict[str, float]]) -> CpuForms:
     """At each row count the fastest form that beats F.linear by MARGIN, else F.linear."""
     def pick(ms: dict[str, float]) -> str:
         fast = {name: t for name, t in ms.items() if t < (1 - MARGIN) * ms["linear"]}
@@ -102,7 +102,7 @@ def _winners(timings: dict[int, dict[str, float]]) -> CpuForms:
 def measured_forms(threads: int, reps: int = REPS) -> CpuForms:
     """The form of each row count at `threads` intra-op threads (the caller's current count;
     cached per count)."""
-    return _winners(_timings(threads, reps))
+    return fastest_forms(form_timings(threads, reps))
 
 
 def machine_key(threads: int) -> str:
@@ -111,14 +111,16 @@ def machine_key(threads: int) -> str:
                        sorted(_forms()), MARGIN])
 
 
+def kept_entry(timings: dict[int, dict[str, float]]) -> dict:
+    """What the tuning cache keeps: the choice and the timings it came from."""
+    return {"forms": [list(p) for p in fastest_forms(timings).measured],
+            "ms": {n: {name: round(t, 4) for name, t in ms.items()} for n, ms in timings.items()}}
+
+
 @functools.cache
 def kept_forms(threads: int, folder: str) -> CpuForms:
     """measured_forms, measured once per machine key and kept in `folder`/cpu_products.json with
     its timings (models/kept_measurements.py)."""
-    def measure() -> dict:
-        timings = _timings(threads, REPS)
-        return {"forms": [list(p) for p in _winners(timings).measured],
-                "ms": {n: {name: round(t, 4) for name, t in ms.items()} for n, ms in timings.items()}}
-
-    entry = kept_measurement(Path(folder) / "cpu_products.json", machine_key(threads), measure, "CPU product forms")
+    entry = kept_measurement(Path(folder) / "cpu_products.json", machine_key(threads),
+                             lambda: kept_entry(form_timings(threads, REPS)), "CPU product forms")
     return CpuForms(tuple((n, form) for n, form in entry["forms"]))

