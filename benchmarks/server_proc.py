@@ -25,7 +25,8 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: floa
     """Poll url/health until it answers 200: ours, SGLang and vLLM answer 503 or refuse the
     connection while the model loads (/v1/models may answer earlier). Fail early when `proc`
     exits or our server reports its engine "dead"; errors end with the tail of `output()`
-    (the server's log) when given. The one wait for a server, used by benchmarks and tests."""
+    (the server's log) when given. The one wait for a server in Python, used by benchmarks and tests
+    (servers.sh, which starts servers from bash, has its own loop that also watches their pids)."""
     def failed(what: str) -> str:
         return f"{url}: {what}" + (f"\n{output()[-4000:]}" if output else "")
 

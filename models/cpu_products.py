@@ -56,7 +56,7 @@ CALIBRATED_ROWS = (*range(1, CPU_FEW_ROWS + 1), 12, 16, 24, 32)
 # at two threads (the engine's default on 2 cores) W @ x.T was 1.43-4.36x faster at every row count
 # and still passes; at one thread its 6-8 rows (1.00-1.14x) now stay F.linear.
 MARGIN = 0.20
-REPS = 15  # timed runs of each form at each row count: about 2 s in all on session 34's AMD VM
+REPS = 15  # timed runs of each form at each row count
 
 
 def _forms() -> dict:

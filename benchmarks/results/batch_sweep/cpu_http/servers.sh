@@ -7,7 +7,17 @@
 #   start_servers OUT_DIR "FLAGS FOR ALL" SIDE...   side S gets FLAGS[S] too, and the environment ENVS[S]
 #                                                   and the command CMDS[S] (default specserve) where
 #                                                   set, port PORT[S] (8790 on);
-#                                                   each healthy before the next starts, stopped on exit
+#                                                   each healthy before the next starts (failing
+#                                                   at once if it exits), stopped on exit
+wait_up() {  # PORT PID SECONDS: /health answers 200, or fail when the server exits or time runs out
+    local t=0
+    until curl -sf http://127.0.0.1:$1/health > /dev/null; do
+        kill -0 $2 2> /dev/null || { echo "the server on port $1 exited before it was healthy" >&2; return 1; }
+        t=$((t + 1)); [ $t -lt $3 ] || { echo "the server on port $1 was not healthy in $3 s" >&2; return 1; }
+        sleep 1
+    done
+}
+
 start_servers() {
     local out=$1 common=$2 i=0 side; shift 2
     declare -gA PORT ENVS CMDS   # ENVS and CMDS keep what the caller set
@@ -17,7 +27,7 @@ start_servers() {
         PORT[$side]=$((8790 + i)); i=$((i + 1))
         env ${ENVS[$side]:-} ${CMDS[$side]:-.venv/bin/specserve} $common ${FLAGS[$side]} --port ${PORT[$side]} > $out/server_$side.log 2>&1 &
         pids+=($!)
-        .venv/bin/python -c "from benchmarks.server_proc import wait_healthy; wait_healthy('http://127.0.0.1:${PORT[$side]}', timeout_s=600)"
+        wait_up ${PORT[$side]} $! 600 || { tail -5 $out/server_$side.log >&2; return 1; }
     done
     grep -Ho "product forms by row count.*" $out/server_*.log || true   # the float32 product forms each side chose
 }
