@@ -568,9 +568,9 @@ class BatchDecoder:
         spec, dev = self.spec, self.device
         base = self._lens(rows)
         span = self._span(rows, spec.headroom)
-        if max(self.lag[:rows]):  # eager, as this whole step is: the longest backlog wide
+        if behind := max(self.lag[:rows]):  # eager, as this whole step is: the longest backlog wide
             with self._unplanned_attention():
-                drafter_catch_up(self, rows, base, span, max(self.lag[:rows]))
+                drafter_catch_up(self, rows, base, span, behind)
             self.lag[:rows] = [0] * rows
         state = DraftState(self.draft_logits[:rows], self.draft_hidden[:rows])
         root = self.pending[:rows]

@@ -27,8 +27,7 @@ def main():
     ap.add_argument("--rows", default="1,2,3,4,5,6,7,8")
     a = ap.parse_args()
     weights = [torch.randn(o, i) for _ in range(30) for o, i in SHAPES] + [torch.randn(49152, 576)]
-    onednn = onednn_linear
-    forms = (("F.linear", F.linear), ("few_rows_cpu", few_rows_cpu), ("oneDNN", onednn))
+    forms = (("F.linear", F.linear), ("few_rows_cpu", few_rows_cpu), ("oneDNN", onednn_linear))
     print("| threads | rows | F.linear ms | few_rows_cpu ms | oneDNN packed ms | F.linear / few_rows_cpu "
           "| F.linear / oneDNN | oneDNN - F.linear, max abs |")
     print("|---|---|---|---|---|---|---|---|")
@@ -36,7 +35,8 @@ def main():
         torch.set_num_threads(threads)
         for n in map(int, a.rows.split(",")):
             xs = {576: torch.randn(n, 576), 1536: torch.randn(n, 1536)}
-            diff = max((onednn(xs[w.shape[1]], w) - F.linear(xs[w.shape[1]], w)).abs().max().item() for w in weights)
+            diff = max((onednn_linear(xs[w.shape[1]], w) - F.linear(xs[w.shape[1]], w)).abs().max().item()
+                       for w in weights)
             ms = {}
             for name, fn in forms:
                 times = []
