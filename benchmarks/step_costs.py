@@ -44,11 +44,15 @@ PIPELINE = 8
 
 def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, max_context: int,
                    compile: bool = False) -> float:
-    """One engine step as the decode loop pays it (graph replay + host read), at a fixed context:
-    rounds of PIPELINE steps, each launched before the previous one is read, as the engine's loop
-    does (engine/scheduler.py), so the host's read and launch of a step overlap the device's
-    work on the next; a round's time over PIPELINE is a step."""
-    dec = BatchDecoder(target, drafter, spec, 1, max_context, compile=compile)
+    """One engine step as the decode loop pays it, on a one-row decoder of its own."""
+    return loop_step_ms(BatchDecoder(target, drafter, spec, 1, max_context, compile=compile), prompt, iters)
+
+
+def loop_step_ms(dec: BatchDecoder, prompt: list[int], iters: int) -> float:
+    """One step of `dec` at one row as the decode loop pays it (graph replay + host read), at a fixed
+    context: rounds of PIPELINE steps, each launched before the previous one is read, as the engine's
+    loop does (engine/scheduler.py), so the host's read and launch of a step overlap the device's
+    work on the next; a round's time over PIPELINE is a step. Row 0 is prefilled with `prompt`."""
     dec.prefill(0, prompt, BatchSampling.all_greedy_rows(1, dec.device))
     ctx = dec.lens[0]
 
