@@ -17,6 +17,7 @@ come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without it a load compiles
 """
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -43,13 +44,28 @@ def marked(args: tuple, marks: tuple[tuple[int, int], ...]) -> tuple:
 
 @functools.cache
 def code_fingerprint() -> str:
-    """torch's version and the source of the traced packages, hashed."""
+    """torch's version and the code of the traced packages, hashed (what they do, not how they
+    read: see `code_only`)."""
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(torch.__version__.encode())
     for package in TRACED_PACKAGES:
         for f in sorted((root / package).glob("*.py")):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
+            h.update(f.name.encode() + b"\0" + code_only(f.read_text()).encode())
     return h.hexdigest()
+
+
+def code_only(source: str) -> str:
+    """A module's syntax tree without its docstrings, comments, blank lines or line numbers, as text:
+    an edit to any of those keeps the saved steps and the kept step costs (engine/steps_by_cost.py),
+    which hashing the files' bytes threw away (a docstring edit changed a CPU steps table)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def rejection(step, args: tuple) -> str:

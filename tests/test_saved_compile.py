@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.saved_compile import SavedCompile
+from engine.saved_compile import SavedCompile, code_only
 
 
 def scaled(state, x):
@@ -42,3 +42,14 @@ def test_saved_compile_loads_recompiles_by_guards_and_replaces_broken_and_stale_
     assert torch.equal(third(state, x), scaled(state, x))
     assert "does not load" in caplog.text and (third.loaded, third.compiled) == (1, 1)
     assert len(list(tmp_path.glob("*.aot"))) == 2 and fresh(tmp_path)(state, x64) is not None
+
+
+def test_code_only_ignores_docstrings_comments_and_layout_but_not_code():
+    source = 'def f(x):\n    return x + 1\n\n\nclass C:\n    def g(self):\n        return "text"\n'
+    reworded = ('"""A module."""\n# a comment\n\ndef f(x):\n    """Adds one."""\n    return x + 1  # one\n\n'
+                'class C:\n    """A class."""\n\n    def g(self):\n        """Only a docstring left? No."""\n'
+                '        return "text"\n')
+    assert code_only(reworded) == code_only(source)
+    assert code_only(source.replace("x + 1", "x + 2")) != code_only(source)
+    assert code_only(source.replace('"text"', '"other"')) != code_only(source)   # a string that is not a docstring
+    assert code_only('def h():\n    """Only a docstring."""\n') != code_only('def h():\n    return 1\n')
