@@ -105,8 +105,9 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     if device.type == "cpu" and dtype == torch.float32:
         threads = torch.get_num_threads()
         Linear.cpu_forms = kept_forms(threads, args.tuning_cache) if args.tuning_cache else measured_forms(threads)
-        log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s",
-                 ", ".join(f"{n}: {form}" for n, form in Linear.cpu_forms.measured))
+        log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
+                 "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in Linear.cpu_forms.measured),
+                 Linear.cpu_forms.compiled)
     return target, drafter, device
 
 

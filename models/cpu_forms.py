@@ -5,12 +5,14 @@ depends on the processor (benchmarks/results/cpu_linear/): F.linear (x @ W.T) is
 `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a weight reordered once into its blocked
 layout) are faster on some processors at some row counts. models/cpu_products.py times them on this
 machine and the engine sets `Linear.cpu_forms` (models/layers.py) from its choice at load. All
-three give F.linear's products up to float32 rounding.
+three give F.linear's products up to float32 rounding. Compiled steps call oneDNN as one opaque
+op (`specserve::onednn_linear`) where it was the fastest form at every row count; inductor's own
+CPU products are F.linear's (benchmarks/results/cpu_real_pair/compiled_vs_eager_s34/).
 """
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -24,6 +26,13 @@ class CpuForms:
     pairs measured on this processor, ascending. A count between two measured ones takes the
     larger's form, a count past the largest (a prefill) the largest's; none measured: F.linear."""
     measured: tuple[tuple[int, str], ...] = ()
+    # The form of compiled steps, whose row count may be symbolic: oneDNN where it was measured fastest
+    # at every count, else F.linear (inductor's own product). A field, so tracing reads a constant.
+    compiled: str = field(init=False, default="linear")
+
+    def __post_init__(self):
+        if self.measured and all(form == "onednn" for _, form in self.measured):
+            object.__setattr__(self, "compiled", "onednn")
 
     def form(self, rows: int) -> str:
         if not self.measured:
@@ -74,3 +83,18 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         kept = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), REORDER_ROWS))
         _REORDERED[weight] = kept
     return torch.ops.mkldnn._linear_pointwise(x, kept[1], bias, "none", [], "")
+
+
+# onednn_linear as one opaque op for compiled steps: torch.compile calls it with the step's tensors and
+# does not trace its cache of reordered weights. Defined through torch.library.Library, whose calls
+# cost less than torch.library.custom_op's, and a step makes about 150 of them
+# (benchmarks/results/cpu_linear/compiled_op_s35.md). Inductor cannot take oneDNN's own op: its
+# lowering wants the weights frozen.
+_LIBRARY = torch.library.Library("specserve", "DEF")
+_LIBRARY.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIBRARY.impl("onednn_linear", onednn_linear, "CPU")
+
+
+@torch.library.register_fake("specserve::onednn_linear")
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -127,8 +127,9 @@ class Linear(nn.Linear):
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
     blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
     benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
-    multi-token calls use F.linear, except eager float32 CPU calls, which take the form measured
-    fastest on this processor for their row count (models/cpu_forms.py; the engine sets it at load).
+    multi-token calls use F.linear, except float32 CPU calls: eager ones take the form measured
+    fastest on this processor for their row count, compiled ones oneDNN where it was fastest at
+    every count (models/cpu_forms.py; the engine sets the choice at load).
     """
     gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side
     cpu_forms = CpuForms()    # F.linear at every row count until the engine measures this CPU
@@ -137,15 +138,19 @@ class Linear(nn.Linear):
         if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
-        # Eager only: under torch.compile the row count may be symbolic (a prefill's width, a dynamic
-        # batch), and looking its form up would specialize the compile to each count (a compile
-        # per prefill width or batch size); inductor chooses its own CPU product there.
-        if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling():
-            form = self.cpu_forms.form(x.numel() // self.in_features)
-            if form == "few_rows":
-                return few_rows_cpu(x, self.weight, self.bias)
-            if form == "onednn" and not torch.is_grad_enabled():
-                return onednn_linear(x, self.weight, self.bias)
+        if x.device.type == "cpu" and x.dtype == torch.float32:
+            # Compiled, the row count may be symbolic (a prefill's width, a dynamic batch), and looking
+            # its form up would specialize the compile to each count (a compile per prefill width or
+            # batch size): compiled steps take one form for every count (CpuForms.compiled).
+            if torch.compiler.is_compiling():
+                if self.cpu_forms.compiled == "onednn" and not torch.is_grad_enabled():
+                    return torch.ops.specserve.onednn_linear(x, self.weight, self.bias)
+            else:
+                form = self.cpu_forms.form(x.numel() // self.in_features)
+                if form == "few_rows":
+                    return few_rows_cpu(x, self.weight, self.bias)
+                if form == "onednn" and not torch.is_grad_enabled():
+                    return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -72,3 +72,30 @@ def test_an_unreadable_kept_choice_is_measured_again(tmp_path, caplog):
     assert "is unreadable" in caplog.text
     entry = json.loads(path.read_text())[machine_key(torch.get_num_threads())]
     assert [tuple(p) for p in entry["forms"]] == list(chosen.measured)
+
+
+def test_compiled_steps_take_onednn_only_where_it_was_measured_at_every_row_count():
+    assert CpuForms(((1, "onednn"), (32, "onednn"))).compiled == "onednn"
+    assert CpuForms(((1, "onednn"), (32, "linear"))).compiled == "linear"
+    assert CpuForms(((1, "few_rows"),)).compiled == CpuForms().compiled == "linear"
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
+def test_compiled_onednn_products_are_f_linear_in_one_graph_for_every_row_count(monkeypatch):
+    """Compiled without gradients, a Linear takes oneDNN as one opaque op (specserve::onednn_linear):
+    one graph without breaks, one compile for every row count past one (dynamic), F.linear's products."""
+    import torch._dynamo as dynamo
+
+    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(((1, "onednn"), (64, "onednn"))))
+    lin = Linear(576, 1536, bias=True)
+    with torch.no_grad():
+        e = dynamo.explain(lin)(torch.randn(3, 576))
+        assert (e.graph_count, e.graph_break_count) == (1, 0)
+        assert "specserve.onednn_linear" in str(e.graphs[0].code)
+        compiled = torch.compile(lin, dynamic=True)
+        for rows in (2, 5, 9, 40):   # one row is a static compile of its own (as the engine's batch-1 steps)
+            x = torch.randn(1, rows, 576)
+            torch.testing.assert_close(compiled(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+            if rows == 2:
+                traced = dynamo.utils.counters["stats"]["unique_graphs"]
+        assert dynamo.utils.counters["stats"]["unique_graphs"] == traced

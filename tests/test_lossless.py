@@ -17,13 +17,14 @@ from engine.api import SamplingParams
 from engine.decoder import LAG_STEPS, PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
-from models.cpu_forms import CpuForms
+from models.cpu_forms import CpuForms, onednn_available
 from models.layers import Linear
 from models.llama import load_target
 from tests.engine_runs import greedy_ids
 from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
 
 N_TOKENS = 40
+ONEDNN_EVERYWHERE = ((1, "onednn"), (64, "onednn"))  # compiled steps then call oneDNN (CpuForms.compiled)
 
 
 def greedy(rows: int = 1) -> BatchSampling:
@@ -92,14 +93,19 @@ def test_chain_is_lossless_in_every_cpu_product_form(models, monkeypatch, forms)
             assert decode(models["target"], models["drafters"]["fitted"], SpecConfig(steps), [prompt])[0][0] == plain
 
 
-def test_compiled_decoder_matches_eager(models):
+@pytest.mark.parametrize("forms", [(), ONEDNN_EVERYWHERE], ids=["f-linear", "onednn"])
+def test_compiled_decoder_matches_eager(models, monkeypatch, forms):
     """`--compile` (torch.compile with the engine's inductor options, then CUDA graphs on GPU):
     after the start-up warm-up, decoding compiles nothing more, also when the context grows into
     the next attention-span bucket, and gives the eager greedy tokens, with a fitted 3-step
     chain (draft steps, verify forward and acceptance compiled; a cold CPU compile takes 1-2
     minutes). With `prefill_graphs` the padded prefills of short prompts compile too, one
-    compile for every width."""
+    compile for every width. On CPU float32 the compiled products are F.linear's, or oneDNN's
+    op where it was measured fastest at every row count (models/cpu_forms.py)."""
     from torch._dynamo.utils import counters
+    if forms and not onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(forms))
     target, drafter = models["target"], models["drafters"]["fitted"]
     dec = BatchDecoder(target, drafter, SpecConfig(steps=3), max_batch=4, max_context=512, compile=True,
                        prefill_graphs=True)
@@ -136,8 +142,9 @@ def test_compile_prefill_off_compiles_no_prefill(models):
     assert torch.equal(engines[0].draft_logits, engines[1].draft_logits)
 
 
-@pytest.mark.parametrize("steps", [0, 3], ids=["plain", "chain-3"])
-def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch, steps):
+@pytest.mark.parametrize("steps,forms", [(0, ()), (3, ()), (0, ONEDNN_EVERYWHERE)],
+                         ids=["plain", "chain-3", "plain-onednn"])
+def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch, steps, forms):
     """`compile_cache`: a compiled engine compiles its decode steps (batch 1, and the dynamic batch)
     and its captured prefill ahead of time and saves them; a second engine over the same folder
     loads them, so dynamo traces nothing and nothing compiles again. Both give the eager greedy
@@ -145,7 +152,11 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch
     a guard on a method's default argument with arguments its class does not take, so there the
     steps never loaded (benchmarks/results/h200_s30/); that pickling is reproduced here, so a step
     that reads a default fails this test on any torch. The 3-step chain, whose draft and verify
-    calls that adds, runs at batch 1 with eager prefills only: one compile, not four, on 2 cores."""
+    calls that adds, runs at batch 1 with eager prefills only: one compile, not four, on 2 cores.
+    A step calling oneDNN's op (models/cpu_forms.py) saves and loads too."""
+    if forms and not onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(forms))
     from torch._dynamo.source import DefaultsSource
     from torch._dynamo.utils import counters
     monkeypatch.setattr(DefaultsSource, "__reduce__",
