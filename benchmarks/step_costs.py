@@ -34,6 +34,7 @@ from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, load_models
 from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling
+from models.layers import Linear
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "costs"
@@ -133,7 +134,9 @@ def markdown(r: dict) -> str:
     cyc = [[s, r["cycle_ms"][s], r["overhead_ms_by_steps"][s]] for s in r["cycle_ms"]]
     return (f"# Step costs: {r['name']}\n\n`{r['provenance']['command']}`\n\n{r['what']}, {r['device']}, "
             f"{r['dtype']}, context {r['context']} (attention span {r['span']})\n\n"
-            f"plain decode step (engine, host loop included): **{r['decode_ms']:.3f} ms**; drafter one-token "
+            + (f"CPU float32 product forms measured in this process: {dict(f['measured'])}; compiled steps: "
+               f"{f['compiled']}\n\n" if (f := r.get("cpu_forms")) else "")
+            + f"plain decode step (engine, host loop included): **{r['decode_ms']:.3f} ms**; drafter one-token "
             f"step: **{r['draft_step_ms']:.3f} ms**; overhead constant (S={r['overhead_ref_steps']}): "
             f"{r['overhead_ms']:.3f} ms\n\n"
             + md_table(["tokens", "verify ms", "verify / decode step", "drafter extend ms"], rows) + "\n"
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
          "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
          "dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."),
          "graphs": dev.type == "cuda", "compile": args.compile, **r, "provenance": provenance(argv)}
+    if dev.type == "cpu" and target.embed_tokens.weight.dtype == torch.float32:  # measured here; they move CPU times
+        r["cpu_forms"] = {"measured": Linear.cpu_forms.measured, "compiled": Linear.cpu_forms.compiled}
     write_result(Path(args.out_dir) / f"{r['name']}.json", r, markdown(r), plot)
     return r
 

@@ -6,7 +6,7 @@ depends on the processor (benchmarks/results/cpu_linear/): F.linear (x @ W.T) is
 layout) are faster on some processors at some row counts. models/cpu_products.py times them on this
 machine and the engine sets `Linear.cpu_forms` (models/layers.py) from its choice at load. All
 three give F.linear's products up to float32 rounding. Compiled steps call oneDNN as one opaque
-op (`specserve::onednn_linear`) where it was the fastest form at every row count; inductor's own
+op (`specserve::onednn_linear`) where F.linear lost at every row count (CpuForms.compiled); inductor's own
 CPU products are F.linear's (benchmarks/results/cpu_real_pair/compiled_vs_eager_s34/).
 """
 from __future__ import annotations
@@ -26,12 +26,14 @@ class CpuForms:
     pairs measured on this processor, ascending. A count between two measured ones takes the
     larger's form, a count past the largest (a prefill) the largest's; none measured: F.linear."""
     measured: tuple[tuple[int, str], ...] = ()
-    # The form of compiled steps, whose row count may be symbolic: oneDNN where it was measured fastest
-    # at every count, else F.linear (inductor's own product). A field, so tracing reads a constant.
+    # The one form of compiled steps, whose row count may be symbolic: oneDNN where F.linear lost at
+    # every count and oneDNN won at some (W @ x.T, which may win a few counts by a hair, has no
+    # compiled form), else F.linear, inductor's own product. A field, so tracing reads a constant.
     compiled: str = field(init=False, default="linear")
 
     def __post_init__(self):
-        if self.measured and all(form == "onednn" for _, form in self.measured):
+        forms = {form for _, form in self.measured}
+        if "onednn" in forms and "linear" not in forms:
             object.__setattr__(self, "compiled", "onednn")
 
     def form(self, rows: int) -> str:

@@ -128,7 +128,7 @@ class Linear(nn.Linear):
     blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
     benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
     multi-token calls use F.linear, except float32 CPU calls: eager ones take the form measured
-    fastest on this processor for their row count, compiled ones oneDNN where it was fastest at
+    fastest on this processor for their row count, compiled ones oneDNN where F.linear lost at
     every count (models/cpu_forms.py; the engine sets the choice at load).
     """
     gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side

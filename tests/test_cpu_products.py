@@ -74,8 +74,9 @@ def test_an_unreadable_kept_choice_is_measured_again(tmp_path, caplog):
     assert [tuple(p) for p in entry["forms"]] == list(chosen.measured)
 
 
-def test_compiled_steps_take_onednn_only_where_it_was_measured_at_every_row_count():
+def test_compiled_steps_take_onednn_only_where_f_linear_lost_at_every_row_count():
     assert CpuForms(((1, "onednn"), (32, "onednn"))).compiled == "onednn"
+    assert CpuForms(((1, "few_rows"), (2, "onednn"), (32, "onednn"))).compiled == "onednn"
     assert CpuForms(((1, "onednn"), (32, "linear"))).compiled == "linear"
     assert CpuForms(((1, "few_rows"),)).compiled == CpuForms().compiled == "linear"
 

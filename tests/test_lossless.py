@@ -101,7 +101,7 @@ def test_compiled_decoder_matches_eager(models, monkeypatch, forms):
     chain (draft steps, verify forward and acceptance compiled; a cold CPU compile takes 1-2
     minutes). With `prefill_graphs` the padded prefills of short prompts compile too, one
     compile for every width. On CPU float32 the compiled products are F.linear's, or oneDNN's
-    op where it was measured fastest at every row count (models/cpu_forms.py)."""
+    op where F.linear lost at every measured row count (models/cpu_forms.py)."""
     from torch._dynamo.utils import counters
     if forms and not onednn_available():
         pytest.skip("this torch has no oneDNN linear")
