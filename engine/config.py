@@ -32,12 +32,6 @@ NATIVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # Steps per batch size: ((largest batch size, steps), ...) ascending (launch/steps_table.py).
 StepsTable = tuple[tuple[int, int], ...]
-# Why speculative.accept_rates and native.compile do not go together (the profile and the engine
-# arguments both refuse them, each naming its own field).
-COSTS_NEED_EAGER = ("steps from measured costs (speculative.accept_rates) time every step count at every batch "
-                    "size, a compile each with native.compile: give --steps N or steps_by_batch instead")
-
-
 def field_error(field: str, msg: str) -> PydanticCustomError:
     """A validation error about `field` of the object being checked (a check across fields runs
     on the whole object, so pydantic alone would not say which field is wrong)."""

@@ -8,14 +8,14 @@ from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
 
 import torch
-from pydantic import StrictStr, model_validator
+from pydantic import StrictStr
 from pydantic.dataclasses import dataclass
 
 from engine.api import EngineInfo
-from engine.config import CONFIG, COSTS_NEED_EAGER, NativeConfig, SpecConfig, field_error
+from engine.config import CONFIG, NativeConfig, SpecConfig
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
-from engine.steps_by_cost import choose_steps, kept_costs
+from engine.steps_by_cost import choose_steps, eager_twin, kept_costs
 from models.cpu_products import kept_forms, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
@@ -39,12 +39,6 @@ class NativeEngineArgs(NativeConfig):
     def speculation(self) -> SpecConfig | None:
         """The speculative setting in force: `spec` needs a drafter."""
         return self.spec if self.draft else None
-
-    @model_validator(mode="after")
-    def _costs_are_measured_eager(self):
-        if self.compile and self.speculation and self.speculation.accept_rates:
-            raise field_error("compile", COSTS_NEED_EAGER)
-        return self
 
 
 def pick_device(device: str) -> torch.device:
@@ -149,7 +143,8 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         spec = args.speculation
         if spec is not None and spec.accept_rates:
             t0 = time.perf_counter()
-            costs = kept_costs(decoder, args.model, args.draft, args.tuning_cache)
+            costs = kept_costs(eager_twin(decoder) if args.compile else decoder, args.model, args.draft,
+                               args.tuning_cache)
             decoder.set_steps_table(choose_steps(costs, spec.accept_rates))
             log.info("steps per batch size %s from step costs (ms at 0..%d steps: %s) and accept rates %s (%.1f s)",
                      dict(decoder.spec.steps_by_batch), spec.steps,

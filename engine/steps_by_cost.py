@@ -32,6 +32,7 @@ from engine.decoder import LAG_STEPS, BatchDecoder
 from engine.sampling import BatchSampling
 from engine.saved_compile import code_fingerprint
 from models.kept_measurements import kept_measurement, processor
+from models.layers import own_cache_copy
 
 CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt and its reply
 ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
@@ -107,6 +108,16 @@ def costs_key(dec: BatchDecoder, model: str, draft: str, sizes: Sequence[int]) -
     device = torch.cuda.get_device_name(dec.device) if dec.device.type == "cuda" else processor()
     return json.dumps([device, torch.get_num_threads(), torch.__version__, str(dec.target.embed_tokens.weight.dtype),
                        model, draft, list(sizes), dec.spec.steps, CONTEXT, code_fingerprint()])
+
+
+def eager_twin(dec: BatchDecoder) -> BatchDecoder:
+    """An uncompiled decoder over `dec`'s models, with caches of its own just long enough for
+    measure_costs. A compiled engine's table comes from its twin's costs: timing every step count
+    compiled would compile each one (minutes on CPU). On session 35's AMD VM compiling sped up
+    steps with drafts more than plain ones (benchmarks/results/batch_sweep/cpu_http/ab_s35_compiled/),
+    so eager costs draft no more than compiled ones would."""
+    return BatchDecoder(own_cache_copy(dec.target), own_cache_copy(dec.drafter), dec.spec, dec.max_batch,
+                        max_context=2 * CONTEXT)
 
 
 def kept_costs(dec: BatchDecoder, model: str, draft: str, folder: str | None) -> dict[int, list[float]]:

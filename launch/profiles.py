@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass as config_dataclass
 
-from engine.config import CONFIG, COSTS_NEED_EAGER, NativeConfig, SpecConfig, field_error, one_of
+from engine.config import CONFIG, NativeConfig, SpecConfig, field_error, one_of
 from models.model_source import PREFIX as PYPI
 from models.model_source import resolve_model_path
 
@@ -244,8 +244,6 @@ class Profile(_Table):
         if s.accept_rates and self.engine != "native":
             raise field_error("speculative.accept_rates", f"steps from measured costs are the native engine's; "
                                                           f"{self.engine} takes steps_by_batch")
-        if self.native.compile and s.enabled and s.accept_rates:
-            raise field_error("speculative.accept_rates", COSTS_NEED_EAGER)
         if self.engine == "vllm" and s.enabled and s.topk != 1:
             raise field_error("speculative.topk", "the vLLM engine drafts a chain (topk = 1, num_speculative_tokens "
                                                   "= steps)")

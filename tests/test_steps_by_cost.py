@@ -68,13 +68,15 @@ def test_costs_are_measured_once_kept_and_leave_the_decoder_as_it_was(pair, tmp_
     assert kept_costs(dec, "t", "d", str(tmp_path)) == {1: [1.0] * 4, 2: [1.0, 9.0, 9.0, 9.0], 4: [1.0, 9.0, 9.0, 9.0]}
 
 
-def test_an_engine_with_accept_rates_serves_the_table_its_costs_give_and_changes_no_token(pair, tmp_path):
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_an_engine_with_accept_rates_serves_the_table_its_costs_give_and_changes_no_token(pair, tmp_path, compile):
     """The engine picks its table from the kept costs at load (3 steps alone, none from 2 rows:
     costs written before it starts) and answers four requests at once, rows joining and leaving,
-    as the target alone does."""
+    as the target alone does; compiled, it reads the same costs (an eager twin's, kept under the
+    same key) and compiles the steps they choose."""
     args = dict(model=str(pair["target_dir"]), device="cpu", dtype="float32", max_context=512, max_batch=4)
     engine = build_engine(NativeEngineArgs(**args, draft=str(pair["draft_dir"]), tuning_cache=str(tmp_path),
-                                           spec=SpecConfig(3, accept_rates=RATES)))
+                                           spec=SpecConfig(3, accept_rates=RATES), compile=compile))
     dec = BatchDecoder(pair["target"], pair["drafter"], SpecConfig(3, accept_rates=RATES), max_batch=4,
                        max_context=512)
     torch.set_num_threads(cpu_threads(0))  # the key names the thread count, which the engine's load sets

