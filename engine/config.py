@@ -32,6 +32,8 @@ NATIVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # Steps per batch size: ((largest batch size, steps), ...) ascending (launch/steps_table.py).
 StepsTable = tuple[tuple[int, int], ...]
+
+
 def field_error(field: str, msg: str) -> PydanticCustomError:
     """A validation error about `field` of the object being checked (a check across fields runs
     on the whole object, so pydantic alone would not say which field is wrong)."""

@@ -79,8 +79,8 @@ def test_pypi_model_paths_name_an_installed_package_folder():
 def test_cpu_default_drafts_by_measured_costs_and_the_flags_override_it():
     """cpu-default chooses its steps per batch size from costs measured at load and the shipped
     drafter's accept rates; --steps N drafts N at every batch size, --no-spec turns speculation
-    off, another engine cannot take the rates, and a compiled engine takes them (its table comes
-    from an eager twin's costs, engine/steps_by_cost.eager_twin)."""
+    off, and a compiled engine keeps the rates (its table comes from an eager twin's costs,
+    engine/steps_by_cost.eager_twin)."""
     spec = resolve("cpu-default", environ={}).profile.speculative
     assert spec.enabled and (spec.steps, spec.draft_tokens) == (3, 4)
     assert spec.accept_rates == (0.61, 0.39, 0.26) and not spec.steps_by_batch
