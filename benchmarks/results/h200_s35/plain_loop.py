@@ -7,7 +7,7 @@ plain step at 0.896 ms, 1,116 tok/s). One process, the real pair, bf16, compiled
 2. each engine's decoder, its serving thread stopped, timed as `step_costs` times a step (rounds of
    launches ahead, `loop_step_ms`), alternating, three times (is it the step, or the serving loop?);
 3. a plain decoder built as `step_costs` builds it (one row, compiled lazily, no saved steps);
-4. one profiled round of 8 x 5 steps of each: the kernels, their count and their GPU time per step.
+4. one profiled call of loop_step_ms on each (8 rounds of 8 steps): the kernels, their count and GPU time per step.
 
   python benchmarks/results/h200_s35/plain_loop.py --model runs/smollm2/target --draft shipped/smollm2/drafter \\
       --compile-cache runs/h200_s35/compiled_steps --out $OUT/plain_loop
@@ -30,8 +30,8 @@ from models.layers import own_cache_copy
 
 
 def kernel_table(dec, prompt: list[int], path: Path) -> dict:
-    """One profiled call of loop_step_ms (5 rounds): every GPU kernel's time, written to `path`;
-    returns the kernels launched and their GPU time per step."""
+    """One profiled call of loop_step_ms (its 3 untimed rounds and 5 timed ones, all profiled): every
+    GPU kernel's time, written to `path`; returns the kernels launched and their GPU time per step."""
     rounds = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
