@@ -13,10 +13,12 @@ the table (a steps table is for chains). Every output is compared with plain dec
 (greedy: nothing may change; in bf16 verify products round differently, so a mismatch count is
 reported, not assumed 0). Each row also has the engine thread's time per step by phase.
 
-On CPU its tok/s read low, and not by the same factor for every setting: the engines serve from
-threads of their own in one process, next to a main thread that loaded the pair, and OpenMP then
-stops spinning between parallel regions (benchmarks/results/cpu_real_pair/omp_threads_s35/). CPU speed
-comparisons go over HTTP, one server process per side (batch_sweep/cpu_http/ab_run.sh).
+On CPU, under torch's libgomp, its tok/s read about 1.3x low, and not by the same factor for every
+setting. The engines serve from threads of their own in one process, next to a main thread that
+loaded the pair, and libgomp then stops spinning between parallel regions. Intel's OpenMP does not:
+run it under LD_PRELOAD=<libiomp5.so> (the intel-openmp package; vLLM's CPU build preloads it)
+(benchmarks/results/cpu_real_pair/omp_threads_s35/). CPU speed comparisons go over HTTP, one server
+process per side (batch_sweep/cpu_http/ab_run.sh).
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
 beside it; <out>.partial.json holds the rows while it runs (--resume continues a cut run).

