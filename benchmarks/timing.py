@@ -38,6 +38,28 @@ def time_ms(fn, device: torch.device, iters: int, rounds: int = 5) -> float:
     return statistics.median(groups)
 
 
+def captured_us(fn, calls: int = 100, replays: int = 20) -> float:
+    """GPU microseconds per call of `fn`, captured `calls` times in one CUDA graph (so no launch is
+    timed, not even the graph's own), the median of `replays` replays: for kernels of a few
+    microseconds, where one replay's launch would be a large part of a graph of one call."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return statistics.median(times)
+
+
 def eager_cuda_ms(fn, warmup: int = 3, iters: int = 10, rounds: int = 5) -> float:
     """Median milliseconds per call of `fn` run eagerly on the GPU (CUDA events around `iters`
     calls, median of `rounds`): for work a CUDA graph cannot hold, such as a backward pass and an

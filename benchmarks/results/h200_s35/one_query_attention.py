@@ -8,7 +8,8 @@ the engine masks, in each form that takes it:
 - the math written out and compiled.
 
 Each form is captured 200 times in one CUDA graph, and the graph's replay time over 200 is the
-figure: GPU time without launch costs, as in the engine's captured steps. It is the median of 20 replays.
+figure (benchmarks.timing.captured_us): GPU time without launch costs, as in the engine's captured steps,
+the median of 20 replays. (The call G that ran this had the same function inline.)
 
   python3 benchmarks/results/h200_s35/one_query_attention.py --out $OUT/one_query_attention.json
 """
@@ -16,33 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.timing import captured_us
+
 HEADS, KV_HEADS, DIM, CALLS = 9, 3, 64, 200
-
-
-def graph_us(fn) -> float:
-    """GPU time of one call of fn(), captured CALLS times in one graph, median of 20 replays."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    return statistics.median(times)
 
 
 def written_out(q, k, v, mask):
@@ -90,10 +72,10 @@ def main() -> None:
             for name, (backend, fn) in forms.items():
                 try:
                     if backend is None:
-                        us = graph_us(fn)
+                        us = captured_us(fn, CALLS)
                     else:
                         with sdpa_kernel(backend):
-                            us = graph_us(fn)
+                            us = captured_us(fn, CALLS)
                     row = {"queries": queries, "keys": keys, "form": name, "us": round(us, 2)}
                 except Exception as e:  # noqa: BLE001 - a backend that refuses the call is a result too
                     row = {"queries": queries, "keys": keys, "form": name, "error": f"{type(e).__name__}: {e}"[:200]}
