@@ -41,6 +41,7 @@ RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "costs"
 # Engine steps timed back to back in a round. Timed one at a time with a sync each (sessions
 # 16-26), a 5-step cycle on the H200 cost 7% more than in the loop (benchmarks/results/h200_s24/).
 PIPELINE = 8
+WARM_ROUNDS = 3  # untimed rounds before loop_step_ms times its own
 
 
 def engine_step_ms(target, drafter, spec, prompt: list[int], iters: int, max_context: int,
@@ -66,7 +67,7 @@ def loop_step_ms(dec: BatchDecoder, prompt: list[int], iters: int) -> float:
             current = after
         dec.collect(current)
 
-    for _ in range(3):
+    for _ in range(WARM_ROUNDS):
         round_()
     times = []
     for _ in range(iters):

@@ -26,16 +26,22 @@ def time_ms(fn, device: torch.device, iters: int, rounds: int = 5) -> float:
     runner = GraphRunner(device, lambda: [])  # fn keeps no state to restore
     runner.run((), fn)  # warm-up and capture
     torch.cuda.synchronize()
-    groups = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def replays():
         for _ in range(iters):
             runner.run((), fn)
-        end.record()
-        end.synchronize()
-        groups.append(start.elapsed_time(end) / iters)
-    return statistics.median(groups)
+
+    return statistics.median(_event_ms(replays) / iters for _ in range(rounds))
+
+
+def _event_ms(run) -> float:
+    """GPU milliseconds of the work run() enqueues, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def captured_us(fn, calls: int = 100, replays: int = 20) -> float:
@@ -49,15 +55,7 @@ def captured_us(fn, calls: int = 100, replays: int = 20) -> float:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return statistics.median(times)
+    return statistics.median(_event_ms(graph.replay) * 1000 / calls for _ in range(replays))
 
 
 def eager_cuda_ms(fn, warmup: int = 3, iters: int = 10, rounds: int = 5) -> float:
@@ -66,16 +64,12 @@ def eager_cuda_ms(fn, warmup: int = 3, iters: int = 10, rounds: int = 5) -> floa
     optimizer step."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def calls():
         for _ in range(iters):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
+
+    return statistics.median(_event_ms(calls) / iters for _ in range(rounds))
 
 
 def copy_bandwidth(gib: int = 4) -> float:

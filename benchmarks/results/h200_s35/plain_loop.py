@@ -23,20 +23,20 @@ from pathlib import Path
 import torch
 
 from benchmarks import batch_sweep
-from benchmarks.step_costs import PIPELINE, loop_step_ms
+from benchmarks.step_costs import PIPELINE, WARM_ROUNDS, loop_step_ms
 from engine.config import SpecConfig
 from engine.decoder import BatchDecoder
 from models.layers import own_cache_copy
 
 
 def kernel_table(dec, prompt: list[int], path: Path) -> dict:
-    """One profiled call of loop_step_ms (its 3 untimed rounds and 5 timed ones, all profiled): every
+    """One profiled call of loop_step_ms (its untimed rounds and 5 timed ones, all profiled): every
     GPU kernel's time, written to `path`; returns the kernels launched and their GPU time per step."""
     rounds = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         loop_step_ms(dec, prompt, rounds)
-    steps = (rounds + 3) * PIPELINE  # loop_step_ms runs 3 rounds before its timed ones
+    steps = (rounds + WARM_ROUNDS) * PIPELINE
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     path.write_text(prof.key_averages().table(sort_by="self_device_time_total", row_limit=60))
     return {"kernels_per_step": sum(e.count for e in events) / steps,
