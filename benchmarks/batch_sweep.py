@@ -51,7 +51,7 @@ from benchmarks.report import md_table, provenance, pyplot, save_figure, write_r
 from benchmarks.shapes import TARGETS, random_pair
 from engine.config import SpecConfig, parse_trees
 from engine.loading import LoadedModels, NativeEngineArgs, build_engine
-from models.layers import own_cache_copy
+from models.layers import Attention, own_cache_copy
 from models.model_source import resolve_model_path
 
 ZERO = "0 steps"  # the speculative engine drafting nothing (engine/greedy_cycle.py deferred_greedy)
@@ -150,6 +150,7 @@ def run(args) -> dict:
     project's shared CPU slowed by a third within half an hour) biases no ratio: each is against
     the plain run next to it."""
     steps = sorted(set(args.steps))
+    Attention.form = args.attention
     loaded, prompts = load(args)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     cs = args.concurrency
@@ -231,7 +232,7 @@ def run(args) -> dict:
                     "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
             "settings": {k: getattr(args, k) for k in ("steps", "trees", "concurrency", "num_prompts", "rounds",
                                                      "repeats", "max_tokens", "max_context", "prompts", "ignore_eos",
-                                                     "gguf_q4", "prompt_len", "min_gain")},
+                                                     "gguf_q4", "prompt_len", "min_gain", "attention")},
             "best": {"steps": best1["steps"], "topk": best1.get("topk", 1),
                      "draft_tokens": best1.get("draft_tokens", best1["steps"] + 1 if best1["steps"] else 0),
                      "tok_s": best1["throughput"], "setting": best1["setting"]},
@@ -314,6 +315,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile-cache", default="", metavar="DIR",
                     help="with --compile: save the compiled steps here and load them in a later run (a resumed sweep "
                          "does not compile again)")
+    ap.add_argument("--attention", default="auto", choices=("auto", "sdpa"),
+                    help="sdpa: SDPA in every step, also where compiled CUDA steps write attention out "
+                         "(models.layers.Attention.form), to time both forms")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--min-gain", type=float, default=0.03,
                     help="draft at a concurrency only where a chain beats 0 steps by more than this share")

@@ -173,7 +173,30 @@ def concat_linears(parts: list[nn.Module]) -> nn.Module | None:
     return fused
 
 
+def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked attention as two batched products, the query heads that share a KV head folded into
+    the query length (q [B, H, T, D], k/v [B, KVH, S, D], mask [B, 1, T, S] bool). Scores come out of
+    the product in q's dtype and take the softmax in fp32, as HF's eager attention does."""
+    b, h, t, d = q.shape
+    g = h // k.shape[1]
+    scores = (q.reshape(b, k.shape[1], g * t, d) @ k.transpose(-1, -2)).float() * d ** -0.5
+    scores = scores.masked_fill(~mask.repeat(1, 1, g, 1), float("-inf"))
+    return (scores.softmax(-1).to(q.dtype) @ v).reshape(b, h, t, d)
+
+
 class Attention(nn.Module):
+    """Grouped-query attention over the static KV cache.
+
+    In compiled CUDA steps of a few queries (decode, verify, the drafter's steps), attention is
+    written out (`written_out_attention`) for inductor to fuse: on an H100 that took 6.5-6.9 us a
+    call where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes, a quarter of a compiled
+    plain step's GPU time (benchmarks/results/h200_s35/, call G). Elsewhere SDPA.
+    """
+    # Class-wide, so benchmarks can time both side by side: "auto" writes attention out in compiled
+    # CUDA steps of at most WRITTEN_OUT_MAX_QUERIES queries; "sdpa" never; "written_out" always (tests).
+    form = "auto"
+    WRITTEN_OUT_MAX_QUERIES = 16
+
     def __init__(self, in_dim: int, heads: int, kv_heads: int, head_dim: int, out_dim: int, bias: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -210,9 +233,19 @@ class Attention(nn.Module):
                                                  enable_gqa=self.heads != self.kv_heads)
         else:
             k, v = self.kv_cache.update(k, v, inputs)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask,
-                                                 enable_gqa=self.heads != self.kv_heads)
+            if self._writes_out(q):
+                out = written_out_attention(q, k, v, inputs.mask)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask,
+                                                     enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _writes_out(self, q: torch.Tensor) -> bool:
+        if self.form != "auto":
+            return self.form == "written_out"
+        t = q.shape[2]   # symbolic (not an int) in a compiled prefill of dynamic width: that keeps SDPA
+        return (q.is_cuda and torch.compiler.is_compiling() and type(t) is int
+                and t <= self.WRITTEN_OUT_MAX_QUERIES)
 
 
 class SwiGLU(nn.Module):

@@ -18,7 +18,7 @@ from engine.decoder import LAG_STEPS, PREFILL_GRAPH_GROUP, BatchDecoder, SpecCon
 from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
 from models.cpu_forms import CpuForms, onednn_available
-from models.layers import Linear
+from models.layers import Attention, Linear
 from models.llama import load_target
 from tests.engine_runs import greedy_ids
 from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
@@ -91,6 +91,16 @@ def test_chain_is_lossless_in_every_cpu_product_form(models, monkeypatch, forms)
         plain = decode(models["target"], None, None, [prompt])[0][0]
         for steps in (1, 3, 6):
             assert decode(models["target"], models["drafters"]["fitted"], SpecConfig(steps), [prompt])[0][0] == plain
+
+
+def test_chain_and_tree_are_lossless_with_attention_written_out(models, monkeypatch):
+    """The attention form compiled CUDA steps take (models.layers.written_out_attention), forced
+    on every call here: speculation by chain and by tree still gives plain decoding's tokens."""
+    monkeypatch.setattr(Attention, "form", "written_out")
+    for prompt in models["prompts"]:
+        plain = decode(models["target"], None, None, [prompt])[0][0]
+        for spec in (SpecConfig(3), SpecConfig(3, 4, 8)):
+            assert decode(models["target"], models["drafters"]["fitted"], spec, [prompt])[0][0] == plain
 
 
 @pytest.mark.parametrize("forms", [(), ONEDNN_EVERYWHERE], ids=["f-linear", "onednn"])

@@ -51,9 +51,13 @@ def test_default_aux_ids():
     assert default_aux_layer_ids(61) == [1, 29, 57]
 
 
-def test_cached_decoding_matches_full_forward(hf_pair):
-    """Prefill + one-token steps through the static cache give the full-sequence logits."""
+@pytest.mark.parametrize("form", ["auto", "written_out"])
+def test_cached_decoding_matches_full_forward(hf_pair, form, monkeypatch):
+    """Prefill + one-token steps through the static cache give the full-sequence logits, with SDPA
+    (what "auto" takes on CPU) and with attention written out (what compiled CUDA steps take)."""
     from engine.masks import block_inputs, causal
+    from models.layers import Attention
+    monkeypatch.setattr(Attention, "form", form)
     _, path = hf_pair
     ours = load_target(path)
     ours.setup_cache(max_batch=1, max_len=64)
@@ -67,6 +71,20 @@ def test_cached_decoding_matches_full_forward(hf_pair):
                  for i in range(12, 20)]
     assert torch.allclose(pre, full[:, :12], atol=1e-5)
     assert torch.allclose(torch.cat(steps, 1), full[:, 12:], atol=1e-5)
+
+
+def test_written_out_attention_matches_sdpa():
+    """Grouped queries folded into the query length, under an arbitrary mask per batch row (a
+    draft tree's): the same attention as SDPA with enable_gqa."""
+    import torch.nn.functional as F
+
+    from models.layers import written_out_attention
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 9, 5, 64), torch.randn(2, 3, 40, 64), torch.randn(2, 3, 40, 64)
+    mask = torch.rand(2, 1, 5, 40) > 0.5
+    mask[..., 0] = True
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(written_out_attention(q, k, v, mask), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_fused_projections_keep_logits_and_greedy_tokens(hf_pair):

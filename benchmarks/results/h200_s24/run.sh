@@ -16,7 +16,8 @@
 #       SAVED_STEPS=1 saves the compiled decode steps there and the warm start loads them (session 27 on)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
 # the tests' -k expression (default "not compiled or deferred"), TESTS_S their time limit (default 300; session 29
-# on); NO_COMPILE_PREFILL=1 captures the sweeps' prefills uncompiled (session 26 on).
+# on); NO_COMPILE_PREFILL=1 captures the sweeps' prefills uncompiled (session 26 on); ATTENTION=sdpa keeps SDPA
+# where compiled CUDA steps write attention out (batch_sweep --attention; batch1's name gains _sdpa; session 36 on).
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
 # live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
 # next call and later stages reuse earlier compiles; from session 28 the sweeps also save their compiled decode
@@ -32,7 +33,7 @@ sweep() {  # name, args...
     run 585 python3 -m benchmarks.batch_sweep --model $T --draft $D --compile --device cuda --dtype bfloat16 \
         --resume --out $W/$name.json --max-tokens 256 --prefill-graphs --repeats "${REPEATS:-1}" \
         --compile-cache $W/compiled_steps \
-        ${NO_COMPILE_PREFILL:+--no-compile-prefill} "$@" 2>&1 \
+        ${NO_COMPILE_PREFILL:+--no-compile-prefill} ${ATTENTION:+--attention $ATTENTION} "$@" 2>&1 \
         | grep -v Warning | tee -a "$OUT/$name.log"
     cp $W/$name.* "$OUT/" 2>/dev/null
 }
@@ -43,7 +44,7 @@ tests)
         2>&1 | tee "$OUT/gpu_tests.txt" | tail -3 ;;
 batch1)
     P=${PROMPTS:-chat}
-    sweep batch1_$P --prompts shipped/smollm2/heldout/$P.jsonl --steps "${STEPS:-4,5}" --trees "${TREES:-}" \
+    sweep batch1_$P${ATTENTION:+_$ATTENTION} --prompts shipped/smollm2/heldout/$P.jsonl --steps "${STEPS:-4,5}" --trees "${TREES:-}" \
         --concurrency 1 --num-prompts 12 --rounds 1 ;;
 conc)
     sweep conc --steps 4 --concurrency "${CONC:-16,32}" --num-prompts 16 --rounds 3 ;;
