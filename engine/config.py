@@ -198,16 +198,12 @@ class NativeConfig:
                                                           "compile each for the target and the drafter at start)")
     compile_cache: StrictStr = Field("", description="with compile: a folder where the compiled decode steps are "
                                                      "saved ahead of time, and loaded by a restart instead of "
-                                                     "being traced and compiled again (empty: none)")
+                                                     "being traced and compiled again (empty: none; unused "
+                                                     "without compile, so a profile that sets it runs with "
+                                                     "--no-compile)")
     tuning_cache: StrictStr = Field("", description="a folder keeping what the engine measures about this machine "
                                                     "once (CPU float32 product forms, step costs per batch size), "
                                                     "so every server here runs the same choice (empty: measure at "
                                                     "each start)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")
-
-    @model_validator(mode="after")
-    def _compile_cache_needs_compile(self):
-        if self.compile_cache and not self.compile:
-            raise field_error("compile_cache", "saves compiled steps: it needs compile = true")
-        return self
