@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
@@ -45,6 +46,17 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def compiles(requested: bool, device: torch.device) -> bool:
+    """Whether the decode steps compile: as asked, except on a CPU with no C++ compiler, where
+    inductor cannot build its kernels (a fresh machine without g++): those serve eager steps
+    with a warning instead of failing at the first compile, as the default profile compiles."""
+    if requested and device.type == "cpu" and not shutil.which(cxx := os.environ.get("CXX", "g++")):
+        log.warning("native.compile: no C++ compiler (%s) for torch.compile's CPU kernels, so the decode steps "
+                    "run eager; install one (apt-get install g++) or set CXX to compile them", cxx)
+        return False
+    return requested
 
 
 def cpu_threads(requested: int) -> int:
@@ -137,13 +149,14 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         models = loaded or LoadedModels.load(args)
         target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
-        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=args.compile,
+        compiled = compiles(args.compile, device)
+        decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=compiled,
                                prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
                                compile_cache=args.compile_cache or None)
         spec = args.speculation
         if spec is not None and spec.accept_rates:
             t0 = time.perf_counter()
-            costs = kept_costs(eager_twin(decoder) if args.compile else decoder, args.model, args.draft,
+            costs = kept_costs(eager_twin(decoder) if compiled else decoder, args.model, args.draft,
                                args.tuning_cache)
             decoder.set_steps_table(choose_steps(costs, spec.accept_rates))
             log.info("steps per batch size %s from step costs (ms at 0..%d steps: %s) and accept rates %s (%.1f s)",
@@ -154,11 +167,11 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change
         # the step first, as synthetic acceptance does, warm up themselves).
-        if args.compile_max_batch and (args.compile or decoder.graphs.enabled):
-            rows = args.compile_max_batch if args.compile else args.max_batch
+        if args.compile_max_batch and (compiled or decoder.graphs.enabled):
+            rows = args.compile_max_batch if compiled else args.max_batch
             t0 = time.perf_counter()
             decoder.warm_up(rows)
-            log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if args.compile else "captured",
+            log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if compiled else "captured",
                      rows, time.perf_counter() - t0)
             if saved := decoder.saved_compiles():
                 log.info("compiles in %s: %d loaded, %d compiled and saved (%s)", args.compile_cache,

@@ -45,15 +45,17 @@ def run_code(answer: str) -> dict:
 
 
 def test_make_serve_answers_paris_and_correct_code_and_speculation_changes_nothing(tmp_path):
-    """`make serve` runs serve.sh with no flags: cpu-default (speculating with steps per batch size
-    from step costs it measures at load), SmolLM2 from its installed package; --no-spec must give
-    the same text."""
+    """`make serve` runs serve.sh with no flags: cpu-default (compiled, speculating with steps per
+    batch size from step costs it measures at load), SmolLM2 from its installed package. Eager plain
+    decoding (--no-spec --no-compile) must give the same text: neither speculation nor the compile
+    changes a token."""
     answers = {}
-    for name, flags in (("default", []), ("plain", ["--no-spec"])):
-        srv = start_server(flags, tmp_path / f"{name}.log")
+    for name, flags in (("default", []), ("plain", ["--no-spec", "--no-compile"])):
+        srv = start_server(flags, tmp_path / f"{name}.log", timeout=600)   # the default compiles 1-8 rows first
         try:
             assert "profile cpu-default" in srv.output()
             assert ("steps per batch size {1: " in srv.output()) == (name == "default")  # from measured costs
+            assert ("compiled decode steps for batch sizes up to 8" in srv.output()) == (name == "default")
             answers[name] = {k: ask(srv.url, q) for k, q in QUESTIONS.items()}
         finally:
             assert srv.stop() == 0, srv.output()[-3000:]

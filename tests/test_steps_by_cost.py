@@ -93,3 +93,18 @@ def test_an_engine_with_accept_rates_serves_the_table_its_costs_give_and_changes
     speculative, table = answers(engine)
     assert table == ((1, 3), (2, 0), (4, 0))
     assert speculative == answers(build_engine(NativeEngineArgs(**args)))[0]
+
+
+def test_a_cpu_without_a_cxx_compiler_serves_eager_steps_and_says_why(pair, tmp_path, monkeypatch, caplog):
+    """Inductor builds CPU kernels with a C++ compiler: where there is none (a fresh machine without
+    g++), an engine asked to compile, as cpu-default asks, serves eager steps, with a warning that
+    says why, instead of failing its start."""
+    monkeypatch.setenv("CXX", "no-such-cxx")
+    engine = build_engine(NativeEngineArgs(model=str(pair["target_dir"]), draft=str(pair["draft_dir"]),
+                                           spec=SpecConfig(2), device="cpu", dtype="float32", max_context=512,
+                                           max_batch=2, compile=True, compile_max_batch=2))
+    with caplog.at_level("WARNING", logger="specserve.engine"):
+        outs = greedy_ids(engine, [[5, 6, 7]], [12])
+    assert not engine.decoder.compiled and "no C++ compiler (no-such-cxx)" in caplog.text
+    assert outs == greedy_ids(build_engine(NativeEngineArgs(model=str(pair["target_dir"]), device="cpu",
+                                                            dtype="float32", max_context=512)), [[5, 6, 7]], [12])
