@@ -10,10 +10,11 @@ caches are read from that argument, not baked in.
 
 A loaded step still checks its guards on every call (shapes, the step count, the batch range). A call
 that no saved step accepts gets a compile of its own, saved beside the others. The compiled prefills
-are saved the same way. The guards do not cover the code that was traced, torch's version or the
-options, so artifact names carry a fingerprint of those; the first call removes the function's
-artifacts saved under another fingerprint, which no process of this version loads. Kernels still
-come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without it a load compiles them again.
+are saved the same way. The guards do not cover the code that was traced, torch's version, the
+options or the class-wide switches the code reads, so artifact names carry a fingerprint of those;
+the first call removes the function's artifacts saved under another fingerprint, which no process
+of this version loads. Kernels still come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without
+it a load compiles them again.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from models.layers import traced_switches
 
 log = logging.getLogger(__name__)
 TRACED_PACKAGES = ("engine", "models")   # the code a step traces
@@ -89,8 +92,7 @@ class SavedCompile:
                  marks: tuple[tuple[int, int], ...] = ()):
         self.fn, self.dynamic, self.options, self.marks = fn, dynamic, options, marks
         self.folder, self.name = Path(folder), name
-        key = json.dumps([name, dynamic, options, marks, code_fingerprint()], sort_keys=True)
-        self.prefix = f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        self.prefix = ""                  # named at the first call: see _name
         self.saved: list | None = None    # loaded at the first call
         self.lazy: Callable | None = None
         self.loaded = self.compiled = 0   # artifacts loaded from disk / compiled and saved here
@@ -99,6 +101,7 @@ class SavedCompile:
         if self.lazy is not None:
             return self.lazy(*marked(args, self.marks))
         if self.saved is None:
+            self.prefix = self._name()
             self._remove_stale()
             loaded = (self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot")))
             self.saved = [s for s in loaded if s is not None]
@@ -115,6 +118,15 @@ class SavedCompile:
                 return self.lazy(*marked(args, self.marks))
             self.saved.append(step)
         return step(*args)
+
+    def _name(self) -> str:
+        """The artifacts' name: the function, its compile settings, the code's fingerprint and the
+        class-wide switches the traced code reads (models.layers.traced_switches). A saved compile's
+        guards do not cover class attributes, so a step traced under one switch would load, and run
+        its form, under another (batch_sweep --attention sdpa loaded the written-out steps)."""
+        key = json.dumps([self.name, self.dynamic, self.options, self.marks, code_fingerprint(), traced_switches()],
+                         sort_keys=True)
+        return f"{self.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def _remove_stale(self) -> None:
         """Removes this function's compiles saved under another fingerprint. Those were saved by

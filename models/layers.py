@@ -248,6 +248,13 @@ class Attention(nn.Module):
                 and t <= self.WRITTEN_OUT_MAX_QUERIES)
 
 
+def traced_switches() -> dict:
+    """The class-wide switches that decide what a compiled step traces (an attention form, a
+    product form): a saved compile is named by them (engine/saved_compile.py)."""
+    return {"attention": Attention.form, "gemv_as_reduction": Linear.gemv_as_reduction,
+            "cpu_compiled_form": Linear.cpu_forms.compiled}
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()

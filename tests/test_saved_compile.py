@@ -53,3 +53,23 @@ def test_code_only_ignores_docstrings_comments_and_layout_but_not_code():
     assert code_only(source.replace("x + 1", "x + 2")) != code_only(source)
     assert code_only(source.replace('"text"', '"other"')) != code_only(source)   # a string that is not a docstring
     assert code_only('def h():\n    """Only a docstring."""\n') != code_only('def h():\n    return 1\n')
+
+
+def attention_sign(x):
+    """Reads a class-wide switch, as the model's layers do (models.layers.traced_switches)."""
+    from models.layers import Attention
+    return x + 1 if Attention.form == "auto" else x - 1
+
+
+def test_a_step_saved_under_one_switch_is_not_loaded_under_another(tmp_path, monkeypatch):
+    """A saved compile's guards do not cover class attributes: loaded under another attention form,
+    the step traced under the first would run its form. The switches name the artifacts, so the
+    other form compiles its own (and the first form's, saved under another name, is removed)."""
+    from models.layers import Attention
+    x = torch.zeros(2)
+    first = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={})
+    assert torch.equal(first(x), x + 1) and first.compiled == 1
+    monkeypatch.setattr(Attention, "form", "sdpa")
+    other = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={})
+    assert torch.equal(other(x), x - 1) and (other.compiled, other.loaded) == (1, 0)
+    assert len(list(tmp_path.glob("sign-*.aot"))) == 1
