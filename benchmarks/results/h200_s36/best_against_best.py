@@ -1,0 +1,69 @@
+"""Best speculative setting against the best setting without drafts, per concurrency, from session 36's
+compiled sweeps on one H100 (calls C, E, H): a table and a plot beside them.
+
+Each ratio is from one sweep run (both sides in it, interleaved): call C at 1 request (3 repeats), call
+E at 1, 2 and 16, call H, on a second machine, at 4 and 8. "Without drafts" is the faster of plain
+decoding (either of its runs) and the speculative engine at 0 steps; "speculative" the faster of chain
+4 and the table the sweep chose (chain 4 at every size). The aims are issue 19's (2.0x at 1, 1.8x at 2,
+1.5x at 16); the EAGLE-3 paper's SGLang ratios on Llama-3.1-8B (one H100) are drawn for reference.
+
+  python benchmarks/results/h200_s36/best_against_best.py
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.report import md_table, pyplot, save_figure
+
+HERE = Path(__file__).resolve().parent
+SWEEPS = {"C": HERE / "callC" / "batch1_chat.json", "E": HERE / "callE" / "conc.json", "H": HERE / "callH" / "conc.json"}
+AIMS = {1: 2.0, 2: 1.8, 16: 1.5}
+PAPER = {1: 2.36, 2: 1.81, 8: 1.62, 16: 1.48, 32: 1.32}   # EAGLE-3 paper, Table 3: SGLang, Llama-3.1-8B
+
+
+def best_rows(call: str, result: dict) -> list[dict]:
+    out = []
+    rows = result["rows"] + result["table_rows"]
+    for c in sorted({r["concurrency"] for r in rows}):
+        at = [r for r in rows if r["concurrency"] == c]
+        plain = max((r for r in at if r["steps"] == 0), key=lambda r: r["throughput"])
+        spec = max((r for r in at if r["steps"] > 0), key=lambda r: r["throughput"])
+        out.append({"call": call, "concurrency": c, "no drafts": plain["setting"], "no drafts tok/s": plain["throughput"],
+                    "speculative": spec["setting"], "speculative tok/s": spec["throughput"],
+                    "x throughput": spec["throughput"] / plain["throughput"],
+                    "x per request": spec["request_tok_s"] / plain["request_tok_s"], "accept length": spec["accept_length"]})
+    return out
+
+
+def main() -> None:
+    rows = [r for call, path in SWEEPS.items() for r in best_rows(call, json.loads(path.read_text()))]
+    cols = list(rows[0])
+    body = [[f"{v:.2f}x" if k.startswith("x ") else f"{v:.2f}" if k == "accept length" else
+             f"{v:.1f}" if isinstance(v, float) else v for k, v in r.items()] for r in rows]
+    (HERE / "best_against_best.md").write_text(md_table(cols, body) + "\n")
+    (HERE / "best_against_best.json").write_text(json.dumps(rows, indent=1))
+    plt = pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    sweep = sorted((r for r in rows if r["call"] != "C"), key=lambda r: r["concurrency"])
+    cs = [r["concurrency"] for r in sweep]
+    ax.plot(cs, [r["speculative tok/s"] for r in sweep], "r-o", label="best speculative (chain 4)")
+    ax.plot(cs, [r["no drafts tok/s"] for r in sweep], "k--o", label="best without drafts")
+    ax2.plot(cs, [r["x throughput"] for r in sweep], "r-o", label="throughput ratio")
+    ax2.plot(cs, [r["x per request"] for r in sweep], "m:o", label="per-request ratio")
+    ax2.plot(list(PAPER), list(PAPER.values()), "b--", alpha=0.5, label="EAGLE-3 paper, SGLang, Llama-3.1-8B")
+    ax2.scatter(list(AIMS), list(AIMS.values()), marker="_", s=400, color="g", label="issue 19's aims")
+    for a, label in ((ax, "output throughput, tok/s"), (ax2, "best speculative / best without drafts")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrency")
+        a.set_ylabel(label)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    ax2.axhline(1.0, color="gray", lw=0.8)
+    fig.suptitle("SmolLM2-135M + EAGLE-3, compiled, bf16, one H100 (session 36: calls E and H)")
+    save_figure(fig, HERE / "best_against_best.png")
+    print((HERE / "best_against_best.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
