@@ -190,7 +190,9 @@ class Attention(nn.Module):
     In compiled CUDA steps of a few queries (decode, verify, the drafter's steps), attention is
     written out (`written_out_attention`) for inductor to fuse: on an H100 that took 6.5-6.9 us a
     call where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes, a quarter of a compiled
-    plain step's GPU time (benchmarks/results/h200_s35/, call G). Elsewhere SDPA.
+    plain step's GPU time (benchmarks/results/h200_s35/, call G). What it gains a whole step is not
+    measured yet (benchmarks/results/h200_s36/: that A/B loaded one form's saved steps for both).
+    Elsewhere SDPA.
     """
     # Class-wide, so benchmarks can time both side by side: "auto" writes attention out in compiled
     # CUDA steps of at most WRITTEN_OUT_MAX_QUERIES queries; "sdpa" never; "written_out" always (tests).
