@@ -34,7 +34,7 @@ from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, load_models
 from engine.masks import block_inputs, causal, one_token_inputs
 from engine.sampling import BatchSampling
-from models.layers import Linear
+from models.layers import Attention, Linear
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "costs"
@@ -134,7 +134,7 @@ def markdown(r: dict) -> str:
     rows = [[n, r["verify_ms"][n], r["verify_vs_decode"][n], r["extend_ms"][n]] for n in r["verify_ms"]]
     cyc = [[s, r["cycle_ms"][s], r["overhead_ms_by_steps"][s]] for s in r["cycle_ms"]]
     return (f"# Step costs: {r['name']}\n\n`{r['provenance']['command']}`\n\n{r['what']}, {r['device']}, "
-            f"{r['dtype']}, context {r['context']} (attention span {r['span']})\n\n"
+            f"{r['dtype']}, context {r['context']} (attention span {r['span']}, form {r.get('attention', 'auto')})\n\n"
             + (f"CPU float32 product forms measured in this process: {dict(f['measured'])}; compiled steps: "
                f"{f['compiled']}\n\n" if (f := r.get("cpu_forms")) else "")
             + f"plain decode step (engine, host loop included): **{r['decode_ms']:.3f} ms**; drafter one-token "
@@ -176,6 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compile", action="store_true",
                     help="engine steps (decode_ms, cycle_ms) with torch.compile, as the engine runs them; "
                          "the parts stay graph-captured eager")
+    ap.add_argument("--attention", default="auto", choices=Attention.FORMS,
+                    help="the attention form of every step (models.layers.Attention.form), to time them side by "
+                         "side: auto writes it out in compiled CUDA steps, sdpa never, written_out always")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--gguf-q4", action="store_true",
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.ref_steps + 1 > args.max_verify:  # the overhead constant needs the verify of S + 1 tokens
         ap.error(f"--ref-steps {args.ref_steps} needs --max-verify >= {args.ref_steps + 1}")
+    Attention.form = args.attention
     target, drafter, what = load_pair(args)
     with torch.inference_mode():
         r = measure(target, drafter, args.context, args.max_verify,
@@ -195,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
          "what": ", ".join(f"{k} {v}" for k, v in what.items()), **what,
          "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
          "dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."),
-         "graphs": dev.type == "cuda", "compile": args.compile, **r, "provenance": provenance(argv)}
+         "graphs": dev.type == "cuda", "compile": args.compile, "attention": args.attention, **r,
+         "provenance": provenance(argv)}
     if dev.type == "cpu" and target.embed_tokens.weight.dtype == torch.float32:  # measured here; they move CPU times
         r["cpu_forms"] = {"measured": Linear.cpu_forms.measured, "compiled": Linear.cpu_forms.compiled}
     write_result(Path(args.out_dir) / f"{r['name']}.json", r, markdown(r), plot)

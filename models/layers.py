@@ -197,6 +197,7 @@ class Attention(nn.Module):
     # Class-wide, so benchmarks can time both side by side: "auto" writes attention out in compiled
     # CUDA steps of at most WRITTEN_OUT_MAX_QUERIES queries; "sdpa" never; "written_out" always (tests).
     form = "auto"
+    FORMS = ("auto", "sdpa", "written_out")
     WRITTEN_OUT_MAX_QUERIES = 16
 
     def __init__(self, in_dim: int, heads: int, kv_heads: int, head_dim: int, out_dim: int, bias: bool = False):

@@ -17,7 +17,8 @@ from pathlib import Path
 from benchmarks.report import md_table, pyplot, save_figure
 
 HERE = Path(__file__).resolve().parent
-SWEEPS = {"C": HERE / "callC" / "batch1_chat.json", "E": HERE / "callE" / "conc.json", "H": HERE / "callH" / "conc.json"}
+SWEEPS = {"C": HERE / "callC" / "batch1_chat.json", "E": HERE / "callE" / "conc.json",
+          "H": HERE / "callH" / "conc.json"}
 AIMS = {1: 2.0, 2: 1.8, 16: 1.5}
 PAPER = {1: 2.36, 2: 1.81, 8: 1.62, 16: 1.48, 32: 1.32}   # EAGLE-3 paper, Table 3: SGLang, Llama-3.1-8B
 
@@ -29,10 +30,11 @@ def best_rows(call: str, result: dict) -> list[dict]:
         at = [r for r in rows if r["concurrency"] == c]
         plain = max((r for r in at if r["steps"] == 0), key=lambda r: r["throughput"])
         spec = max((r for r in at if r["steps"] > 0), key=lambda r: r["throughput"])
-        out.append({"call": call, "concurrency": c, "no drafts": plain["setting"], "no drafts tok/s": plain["throughput"],
-                    "speculative": spec["setting"], "speculative tok/s": spec["throughput"],
-                    "x throughput": spec["throughput"] / plain["throughput"],
-                    "x per request": spec["request_tok_s"] / plain["request_tok_s"], "accept length": spec["accept_length"]})
+        out.append({"call": call, "concurrency": c, "no drafts": plain["setting"],
+                    "no drafts tok/s": plain["throughput"], "speculative": spec["setting"],
+                    "speculative tok/s": spec["throughput"], "x throughput": spec["throughput"] / plain["throughput"],
+                    "x per request": spec["request_tok_s"] / plain["request_tok_s"],
+                    "accept length": spec["accept_length"]})
     return out
 
 
