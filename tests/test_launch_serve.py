@@ -1,5 +1,5 @@
 """`launch/serve.sh --steps 2 --model T --draft D` serves on CPU (no --profile, no GPU: the
-embedded default profile), answers the OpenAI API, and on SIGTERM finishes the request in
+embedded default profile; its steps eager here, `--no-compile`), answers the OpenAI API, and on SIGTERM finishes the request in
 flight, then exits 0 — the signal reaches Python because serve.sh execs it.
 
 The helpers here (tiny pair, server process) are shared with tests/test_monitoring_live.py."""
@@ -84,7 +84,9 @@ def tiny_pair(tmp_path_factory):
 
 def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_path):
     target, drafter = tiny_pair
-    srv = start_server(["--steps", "2", "--model", str(target), "--draft", str(drafter)], tmp_path / "server.log")
+    # Eager steps: the default profile's compile is test_smollm2's (`make serve`); here it would add half a minute.
+    srv = start_server(["--steps", "2", "--no-compile", "--model", str(target), "--draft", str(drafter)],
+                       tmp_path / "server.log")
     try:
         with open(f"/proc/{srv.proc.pid}/cmdline", "rb") as f:  # serve.sh exec'd Python: same pid
             assert b"launch.cli" in f.read()

@@ -46,7 +46,8 @@ def family(name: str) -> str:
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("monitoring")
     target, drafter = make_tiny_pair(root)
-    srv = start_server(["--profile", "cpu-default", "--steps", str(STEPS), "--model", str(target),
+    # Eager steps: compiling them (cpu-default's, tested by test_smollm2's `make serve`) adds a minute to CI.
+    srv = start_server(["--profile", "cpu-default", "--steps", str(STEPS), "--no-compile", "--model", str(target),
                         "--draft", str(drafter)], root / "server.log")
     srv.model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
     completion(srv.url, srv.model, max_tokens=24)

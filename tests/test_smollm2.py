@@ -44,6 +44,7 @@ def run_code(answer: str) -> dict:
     return namespace
 
 
+@pytest.mark.timeout(900)  # the default's first start compiles: 162 s alone on 2 cores, 264 s in a CI run
 def test_make_serve_answers_paris_and_correct_code_and_speculation_changes_nothing(tmp_path):
     """`make serve` runs serve.sh with no flags: cpu-default (compiled, speculating with steps per
     batch size from step costs it measures at load), SmolLM2 from its installed package. Eager plain
