@@ -1,6 +1,7 @@
 """`launch/serve.sh --steps 2 --model T --draft D` serves on CPU (no --profile, no GPU: the
-embedded default profile; its steps eager here, `--no-compile`), answers the OpenAI API, and on SIGTERM finishes the request in
-flight, then exits 0 — the signal reaches Python because serve.sh execs it.
+embedded default profile; its steps eager here, `--no-compile`), answers the OpenAI API, and on
+SIGTERM finishes the request in flight, then exits 0 — the signal reaches Python because serve.sh
+execs it.
 
 The helpers here (tiny pair, server process) are shared with tests/test_monitoring_live.py."""
 from __future__ import annotations
