@@ -41,12 +41,15 @@ install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(SGLANG_PARSER_DEPS)
 	command -v prometheus >/dev/null || ($(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus)
+	# inductor's CPU kernels: the tests compile cpu-default's steps (without g++ the engine serves them eager)
+	command -v g++ >/dev/null || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends g++)
 
 serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
-# Two pytest workers, each file on one (its module fixtures shared): about 10 minutes on 2 cores,
-# 15.5 in one; the slowest 15 say what to trim when the suite grows.
+# Two pytest workers, each file on one (its module fixtures shared): about 12 minutes on 2 cores (4 of
+# them `make serve`'s compiled first start, session 36); the slowest 15 say what to trim when the suite grows.
 test: install-dev vllm-venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
