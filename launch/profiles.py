@@ -346,6 +346,11 @@ def resolve(name_or_path: str | None, overrides: Overrides | None = None,
     api_key = overrides.api_key or environ.get("SPECSERVE_API_KEY") or None
     if overrides.no_spec and overrides.steps is not None:
         notes.append("--no-spec given: --steps is ignored")
+    native = profile.native
+    if profile.engine == "native" and native.compile and 0 < native.compile_max_batch < native.max_batch:
+        notes.append(f"native.compile_max_batch {native.compile_max_batch} < max_batch {native.max_batch}: a larger "
+                     f"batch whose steps are not compiled yet compiles when it first runs, and its requests wait "
+                     f"(--compile-max-batch {native.max_batch} compiles them all before serving)")
     return Launch(profile, env, env_origin, api_key, notes, origin)
 
 

@@ -94,6 +94,16 @@ def test_cpu_default_drafts_by_measured_costs_and_the_flags_override_it():
     assert compiled.native.compile and compiled.speculative.accept_rates == (0.61, 0.39, 0.26)
 
 
+def test_a_compiled_profile_says_when_larger_batches_would_compile_while_serving():
+    """cpu-default compiles batch sizes up to its max_batch before serving; a larger --max-batch
+    alone would leave the rest to compile at first use, with requests waiting: the launch says so."""
+    assert not any("compile_max_batch" in n for n in resolve("cpu-default", environ={}).notes)
+    notes = resolve("cpu-default", Overrides(settings={"native.max_batch": 16}), environ={}).notes
+    assert any("compile_max_batch 8 < max_batch 16" in n and "--compile-max-batch 16" in n for n in notes)
+    both = Overrides(settings={"native.max_batch": 16, "native.compile_max_batch": 16})
+    assert not any("compile_max_batch" in n for n in resolve("cpu-default", both, environ={}).notes)
+
+
 def test_cpu_default_keeps_its_measurements_in_the_cache_folder():
     assert resolve("cpu-default", environ={}).profile.native.tuning_cache == "/tmp/specserve"
     native = resolve("cpu-default", environ={"SPECSERVE_CACHE_DIR": "/srv/cache"}).profile.native
