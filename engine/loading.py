@@ -16,7 +16,7 @@ from engine.api import EngineInfo
 from engine.config import CONFIG, NativeConfig, SpecConfig
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
-from engine.steps_by_cost import choose_steps, eager_twin, kept_costs
+from engine.steps_by_cost import choose_steps, kept_costs
 from models.cpu_products import kept_forms, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
@@ -156,8 +156,7 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         spec = args.speculation
         if spec is not None and spec.accept_rates:
             t0 = time.perf_counter()
-            costs = kept_costs(eager_twin(decoder) if compiled else decoder, args.model, args.draft,
-                               args.tuning_cache)
+            costs = kept_costs(decoder, args.model, args.draft, args.tuning_cache)
             decoder.set_steps_table(choose_steps(costs, spec.accept_rates))
             log.info("steps per batch size %s from step costs (ms at 0..%d steps: %s) and accept rates %s (%.1f s)",
                      dict(decoder.spec.steps_by_batch), spec.steps,

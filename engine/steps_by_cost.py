@@ -122,13 +122,18 @@ def eager_twin(dec: BatchDecoder) -> BatchDecoder:
 
 def kept_costs(dec: BatchDecoder, model: str, draft: str, folder: str | None) -> dict[int, list[float]]:
     """measure_costs at batch_sizes(max_batch), kept in `folder`/step_costs.json (None: measured
-    here, not kept)."""
+    here, not kept). A compiled decoder's costs are its eager twin's, under the same key; the twin
+    is made only when they are measured, not on a start that reads them."""
     sizes = batch_sizes(dec.max_batch)
+
+    def costs() -> dict[int, list[float]]:
+        return measure_costs(eager_twin(dec) if dec.compiled else dec, sizes)
+
     if not folder:
-        return measure_costs(dec, sizes)
+        return costs()
 
     def measure() -> dict:
-        return {"ms": {rows: [round(c, 3) for c in ms] for rows, ms in measure_costs(dec, sizes).items()}}
+        return {"ms": {rows: [round(c, 3) for c in ms] for rows, ms in costs().items()}}
 
     entry = kept_measurement(Path(folder) / "step_costs.json", costs_key(dec, model, draft, sizes), measure,
                              "step costs per batch size")
