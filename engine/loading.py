@@ -167,7 +167,7 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change
         # the step first, as synthetic acceptance does, warm up themselves).
         if args.compile_max_batch and (compiled or decoder.graphs.enabled):
-            rows = args.compile_max_batch if compiled else args.max_batch
+            rows = min(args.compile_max_batch, args.max_batch) if compiled else args.max_batch
             t0 = time.perf_counter()
             decoder.warm_up(rows)
             log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if compiled else "captured",

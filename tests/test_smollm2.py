@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -44,20 +45,23 @@ def run_code(answer: str) -> dict:
     return namespace
 
 
-@pytest.mark.timeout(900)  # the default's first start compiles: 162 s alone on 2 cores, 264 s in a CI run
+@pytest.mark.timeout(900)  # the default's first start compiles: 162 s alone on 2 cores at 8 rows, 264 s in a CI run
 def test_make_serve_answers_paris_and_correct_code_and_speculation_changes_nothing(tmp_path):
-    """`make serve` runs serve.sh with no flags: cpu-default (compiled, speculating with steps per
-    batch size from step costs it measures at load), SmolLM2 from its installed package. Eager plain
-    decoding (--no-spec --no-compile) must give the same text: neither speculation nor the compile
-    changes a token."""
+    """`make serve` runs serve.sh: cpu-default (compiled, speculating with steps per batch size from step
+    costs it measures at load), SmolLM2 from its installed package. Here at up to 2 rows (`make serve
+    ARGS="--max-batch 2"`), both questions at once: the start compiles the two steps they are served with,
+    where up to 8 rows it would compile four, three of them for batches this test never makes (2 minutes of
+    the suite's CPU). Eager plain decoding (--no-spec --no-compile) must give the same text: neither
+    speculation nor the compile changes a token."""
     answers = {}
     for name, flags in (("default", []), ("plain", ["--no-spec", "--no-compile"])):
-        srv = start_server(flags, tmp_path / f"{name}.log", timeout=600)   # the default compiles 1-8 rows first
+        srv = start_server([*flags, "--max-batch", "2"], tmp_path / f"{name}.log", timeout=600)
         try:
             assert "profile cpu-default" in srv.output()
             assert ("steps per batch size {1: " in srv.output()) == (name == "default")  # from measured costs
-            assert ("compiled decode steps for batch sizes up to 8" in srv.output()) == (name == "default")
-            answers[name] = {k: ask(srv.url, q) for k, q in QUESTIONS.items()}
+            assert ("compiled decode steps for batch sizes up to 2" in srv.output()) == (name == "default")
+            with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+                answers[name] = dict(zip(QUESTIONS, pool.map(lambda q: ask(srv.url, q), QUESTIONS.values())))
         finally:
             assert srv.stop() == 0, srv.output()[-3000:]
     france, code = answers["default"]["france"][0], answers["default"]["code"][0]
