@@ -48,9 +48,8 @@ install-dev: $(BIN)/python
 serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
-# Two pytest workers, each file on one (its module fixtures shared): 10-12 minutes on 2 cores since session
-# 36, whose `make serve` test compiles cpu-default cold (3-4 minutes of one worker); the slowest 15 say what
-# to trim when the suite grows.
+# Two pytest workers, each file on one (its module fixtures shared): about 9 minutes on 2 cores (session 37);
+# the slowest 15 say what to trim when the suite grows.
 test: install-dev vllm-venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
