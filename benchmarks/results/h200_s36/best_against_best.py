@@ -8,9 +8,15 @@ decoding (either of its runs) and the speculative engine at 0 steps; "speculativ
 1.5x at 16); the EAGLE-3 paper's SGLang ratios on Llama-3.1-8B (one H100) are drawn for reference.
 
   python benchmarks/results/h200_s36/best_against_best.py
+
+Other sessions name their sweeps (LABEL=PATH; the curve joins those named by --curve) and where to write:
+
+  python benchmarks/results/h200_s36/best_against_best.py --sweep "s36 E=benchmarks/results/h200_s36/callE/conc.json" \
+      ... --curve "s36 E" --out benchmarks/results/h200_s37/best_against_best --title "..."
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -19,6 +25,8 @@ from benchmarks.report import md_table, pyplot, save_figure
 HERE = Path(__file__).resolve().parent
 SWEEPS = {"C": HERE / "callC" / "batch1_chat.json", "E": HERE / "callE" / "conc.json",
           "H": HERE / "callH" / "conc.json"}
+CURVE = ("E", "H")
+TITLE = "SmolLM2-135M + EAGLE-3, compiled, bf16, one H100 (session 36: calls E and H)"
 AIMS = {1: 2.0, 2: 1.8, 16: 1.5}
 PAPER = {1: 2.36, 2: 1.81, 8: 1.62, 16: 1.48, 32: 1.32}   # EAGLE-3 paper, Table 3: SGLang, Llama-3.1-8B
 
@@ -39,15 +47,25 @@ def best_rows(call: str, result: dict) -> list[dict]:
 
 
 def main() -> None:
-    rows = [r for call, path in SWEEPS.items() for r in best_rows(call, json.loads(path.read_text()))]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="LABEL=PATH of a batch_sweep JSON (default: session 36's)")
+    ap.add_argument("--curve", action="append", default=[], help="a LABEL whose rows the plot joins")
+    ap.add_argument("--out", default=str(HERE / "best_against_best"), help="the stem of .md, .json and .png")
+    ap.add_argument("--title", default=TITLE)
+    a = ap.parse_args()
+    sweeps = dict(s.split("=", 1) for s in a.sweep) if a.sweep else SWEEPS
+    curve = a.curve or CURVE
+    out = Path(a.out)
+    rows = [r for call, path in sweeps.items() for r in best_rows(call, json.loads(Path(path).read_text()))]
     cols = list(rows[0])
     body = [[f"{v:.2f}x" if k.startswith("x ") else f"{v:.2f}" if k == "accept length" else
              f"{v:.1f}" if isinstance(v, float) else v for k, v in r.items()] for r in rows]
-    (HERE / "best_against_best.md").write_text(md_table(cols, body) + "\n")
-    (HERE / "best_against_best.json").write_text(json.dumps(rows, indent=1))
+    out.with_suffix(".md").write_text(md_table(cols, body) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    sweep = sorted((r for r in rows if r["call"] != "C"), key=lambda r: r["concurrency"])
+    sweep = sorted((r for r in rows if r["call"] in curve), key=lambda r: r["concurrency"])
     cs = [r["concurrency"] for r in sweep]
     ax.plot(cs, [r["speculative tok/s"] for r in sweep], "r-o", label="best speculative (chain 4)")
     ax.plot(cs, [r["no drafts tok/s"] for r in sweep], "k--o", label="best without drafts")
@@ -55,16 +73,16 @@ def main() -> None:
     ax2.plot(cs, [r["x per request"] for r in sweep], "m:o", label="per-request ratio")
     ax2.plot(list(PAPER), list(PAPER.values()), "b--", alpha=0.5, label="EAGLE-3 paper, SGLang, Llama-3.1-8B")
     ax2.scatter(list(AIMS), list(AIMS.values()), marker="_", s=400, color="g", label="issue 19's aims")
-    for a, label in ((ax, "output throughput, tok/s"), (ax2, "best speculative / best without drafts")):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("concurrency")
-        a.set_ylabel(label)
-        a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+    for axes, label in ((ax, "output throughput, tok/s"), (ax2, "best speculative / best without drafts")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("concurrency")
+        axes.set_ylabel(label)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
     ax2.axhline(1.0, color="gray", lw=0.8)
-    fig.suptitle("SmolLM2-135M + EAGLE-3, compiled, bf16, one H100 (session 36: calls E and H)")
-    save_figure(fig, HERE / "best_against_best.png")
-    print((HERE / "best_against_best.md").read_text())
+    fig.suptitle(a.title)
+    save_figure(fig, out.with_suffix(".png"))
+    print(out.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":
