@@ -315,7 +315,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile-cache", default="", metavar="DIR",
                     help="with --compile: save the compiled steps here and load them in a later run (a resumed sweep "
                          "does not compile again)")
-    ap.add_argument("--attention", default="auto", choices=Attention.FORMS,
+    ap.add_argument("--attention", default=Attention.form, choices=Attention.FORMS,
                     help="the attention form of every step (models.layers.Attention.form), to time them side by "
                          "side: auto writes it out in compiled CUDA steps, sdpa never, written_out always")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--compile", action="store_true",
                     help="engine steps (decode_ms, cycle_ms) with torch.compile, as the engine runs them; "
                          "the parts stay graph-captured eager")
-    ap.add_argument("--attention", default="auto", choices=Attention.FORMS,
+    ap.add_argument("--attention", default=Attention.form, choices=Attention.FORMS,
                     help="the attention form of every step (models.layers.Attention.form), to time them side by "
                          "side: auto writes it out in compiled CUDA steps, sdpa never, written_out always")
     ap.add_argument("--device", default="auto")

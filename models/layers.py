@@ -185,18 +185,18 @@ def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
 
 
 class Attention(nn.Module):
-    """Grouped-query attention over the static KV cache.
+    """Grouped-query attention over the static KV cache, through SDPA.
 
-    In compiled CUDA steps of a few queries (decode, verify, the drafter's steps), attention is
-    written out (`written_out_attention`) for inductor to fuse: on an H100 that took 6.5-6.9 us a
-    call where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes, a quarter of a compiled
-    plain step's GPU time (benchmarks/results/h200_s35/, call G). What it gains a whole step is not
-    measured yet (benchmarks/results/h200_s36/: that A/B loaded one form's saved steps for both).
-    Elsewhere SDPA.
+    `written_out_attention` is the other form: alone, compiled, on an H100 it took 6.5-6.9 us a call
+    where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes (benchmarks/results/h200_s35/, call
+    G). In the engine's whole compiled steps it did not pay: chain 4 ran 4% slower with it and the
+    speculative engine at 0 steps 5% slower (benchmarks/results/h200_s37/, calls C and D), so the
+    default is SDPA and the written-out form stays a switch for benchmarks to time.
     """
-    # Class-wide, so benchmarks can time both side by side: "auto" writes attention out in compiled
-    # CUDA steps of at most WRITTEN_OUT_MAX_QUERIES queries; "sdpa" never; "written_out" always (tests).
-    form = "auto"
+    # Class-wide, so benchmarks can time the forms side by side (batch_sweep / step_costs --attention):
+    # "sdpa" always; "auto" writes attention out in compiled CUDA steps of at most
+    # WRITTEN_OUT_MAX_QUERIES queries; "written_out" always (tests).
+    form = "sdpa"
     FORMS = ("auto", "sdpa", "written_out")
     WRITTEN_OUT_MAX_QUERIES = 16
 

@@ -67,6 +67,7 @@ def test_a_step_saved_under_one_switch_is_not_loaded_under_another(tmp_path, mon
     other form compiles its own (and the first form's, saved under another name, is removed)."""
     from models.layers import Attention
     x = torch.zeros(2)
+    monkeypatch.setattr(Attention, "form", "auto")
     first = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={})
     assert torch.equal(first(x), x + 1) and first.compiled == 1
     monkeypatch.setattr(Attention, "form", "sdpa")

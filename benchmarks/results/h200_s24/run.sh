@@ -16,8 +16,9 @@
 #       SAVED_STEPS=1 saves the compiled decode steps there and the warm start loads them (session 27 on)
 # WORK names the work folder under runs/ (default h200_s24; session 25 ran these stages as h200_s25), TESTS_K
 # the tests' -k expression (default "not compiled or deferred"), TESTS_S their time limit (default 300; session 29
-# on); NO_COMPILE_PREFILL=1 captures the sweeps' prefills uncompiled (session 26 on); ATTENTION=sdpa keeps SDPA
-# where compiled CUDA steps write attention out (batch_sweep --attention; batch1's name gains _sdpa; session 36 on).
+# on); NO_COMPILE_PREFILL=1 captures the sweeps' prefills uncompiled (session 26 on); ATTENTION sets the attention
+# form (batch_sweep --attention; batch1's name gains _$ATTENTION; session 36 on): sdpa in session 36, when compiled
+# CUDA steps wrote attention out by default; auto writes it out from session 37 on, when SDPA is the default.
 # REPEATS=3 makes each sweep row the median of three runs (session 24 ran one). Sweeps and the inductor cache
 # live under runs/h200_s24 (kept on a warm machine), so a cut stage goes on in the
 # next call and later stages reuse earlier compiles; from session 28 the sweeps also save their compiled decode
