@@ -13,10 +13,9 @@ the table (a steps table is for chains). Every output is compared with plain dec
 (greedy: nothing may change; in bf16 verify products round differently, so a mismatch count is
 reported, not assumed 0). Each row also has the engine thread's time per step by phase.
 
-On CPU, under torch's libgomp, its tok/s read about 1.3x low, and not by the same factor for every
-setting. The engines serve from threads of their own in one process, next to a main thread that
-loaded the pair, and libgomp then stops spinning between parallel regions. Intel's OpenMP does not:
-run it under LD_PRELOAD=<libiomp5.so> (the intel-openmp package; vLLM's CPU build preloads it)
+On CPU it runs under Intel's OpenMP (benchmarks/intel_openmp.py: it starts again with libiomp5
+preloaded). The engines serve from threads of their own in one process, and under torch's libgomp
+their tok/s read about 1.3x low, not by the same factor for every setting
 (benchmarks/results/cpu_real_pair/omp_threads_s35/). CPU speed comparisons go over HTTP, one server
 process per side (batch_sweep/cpu_http/ab_run.sh).
 
@@ -41,16 +40,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.engine_load import HELDOUT, load_prompts, run_load
+from benchmarks.intel_openmp import reexec_under_intel_openmp
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS, random_pair
 from engine.config import SpecConfig, parse_trees
-from engine.loading import LoadedModels, NativeEngineArgs, build_engine
+from engine.loading import LoadedModels, NativeEngineArgs, build_engine, pick_device
 from models.layers import Attention, own_cache_copy
 from models.model_source import resolve_model_path
 
@@ -229,7 +230,8 @@ def run(args) -> dict:
     return {"model": args.model or f"random {args.shape}", "draft": args.draft or f"random {args.shape}",
             "synthetic_acceptance": args.synthetic_accept,
             "env": {"device": str(loaded.device), "dtype": dtype, "compile": args.compile,
-                    "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None},
+                    "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None,
+                    "ld_preload": os.environ.get("LD_PRELOAD", "")},
             "settings": {k: getattr(args, k) for k in ("steps", "trees", "concurrency", "num_prompts", "rounds",
                                                      "repeats", "max_tokens", "max_context", "prompts", "ignore_eos",
                                                      "gguf_q4", "prompt_len", "min_gain", "attention")},
@@ -358,4 +360,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    if pick_device(parse_args().device).type == "cpu":
+        reexec_under_intel_openmp("benchmarks.batch_sweep")
     main()
