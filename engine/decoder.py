@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from engine.verify import accept
 from models.eagle3 import Eagle3Drafter
 from models.layers import AttnInputs
 from models.llama import LlamaModel
+
+log = logging.getLogger("specserve.engine")
 
 
 @dataclass
@@ -464,7 +467,8 @@ class BatchDecoder:
             shapes.setdefault((self._padded(rows), self.spec.steps_for(rows) if self.spec else 0), rows)
         # A table with 0 steps somewhere leaves the drafter behind; it catches up at any batch size.
         catch_ups = self.spec is not None and any(steps == 0 for _, steps in shapes)
-        for rows in shapes.values():
+        for i, ((padded, steps), rows) in enumerate(shapes.items(), 1):
+            t0 = time.perf_counter()
             for row in range(rows):
                 self.prefill(row, [0, 0], BatchSampling.all_greedy_rows(1, self.device))
             # Every span bucket, narrowest to widest: each is a graph of its own, and a capture
@@ -475,6 +479,9 @@ class BatchDecoder:
                 self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
                 if catch_ups:
                     self._catch_up(rows, self._padded(rows), span)
+            if (seconds := time.perf_counter() - t0) > 1:   # it compiled (a capture is quicker): show the progress
+                log.info("decode shape %d of %d ready (%d rows, %d draft steps) in %.0f s", i, len(shapes), padded,
+                         steps, seconds)
         self.empty_rows()
 
     def empty_rows(self) -> None:

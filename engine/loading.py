@@ -168,6 +168,8 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         # the step first, as synthetic acceptance does, warm up themselves).
         if args.compile_max_batch and (compiled or decoder.graphs.enabled):
             rows = min(args.compile_max_batch, args.max_batch) if compiled else args.max_batch
+            if compiled:
+                log.info("compiling decode steps for batch sizes up to %d before serving", rows)
             t0 = time.perf_counter()
             decoder.warm_up(rows)
             log.info("%s decode steps for batch sizes up to %d in %.0f s", "compiled" if compiled else "captured",

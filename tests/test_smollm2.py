@@ -60,6 +60,7 @@ def test_make_serve_answers_paris_and_correct_code_and_speculation_changes_nothi
             assert "profile cpu-default" in srv.output()
             assert ("steps per batch size {1: " in srv.output()) == (name == "default")  # from measured costs
             assert ("compiled decode steps for batch sizes up to 2" in srv.output()) == (name == "default")
+            assert ("decode shape 2 of 2 ready (2 rows" in srv.output()) == (name == "default")   # its progress
             with ThreadPoolExecutor(len(QUESTIONS)) as pool:
                 answers[name] = dict(zip(QUESTIONS, pool.map(lambda q: ask(srv.url, q), QUESTIONS.values())))
         finally:
