@@ -478,7 +478,7 @@ class BatchDecoder:
                 self.lens[:rows] = [max(2, span - self._step_reach())] * rows
                 self.step(rows, BatchSampling.all_greedy_rows(rows, self.device))
                 if catch_ups:
-                    self._catch_up(rows, self._padded(rows), span)
+                    self._catch_up(rows, padded, span)
             if (seconds := time.perf_counter() - t0) > 1:   # it compiled (a capture is quicker): show the progress
                 log.info("decode shape %d of %d ready (%d rows, %d draft steps) in %.0f s", i, len(shapes), padded,
                          steps, seconds)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from drafter.cli import main as drafter
-from drafter.train import lr_at, lr_at_time
+from drafter.train import TrainConfig, lr_at, lr_at_time
 from models.llama import load_target
 from tests.tiny import make_hf_llama_target, stdlib_texts
 
@@ -163,7 +163,8 @@ def test_time_budget_spreads_the_schedule_over_seconds_across_resumed_calls(setu
     # took 0.9 s for it, and its rate was 12% of the peak.
     before = rows[-2]["trained_s"]   # logged rounded to 0.01 s
     def schedule(seconds: float) -> float:
-        return lr_at_time(seconds, 4, 0.015, 1e-3, 0)   # --time-budget 4, --lr 1e-3, the default warm-up and floor
+        # --time-budget 4, --lr 1e-3, the default warm-up and floor
+        return lr_at_time(seconds, 4, TrainConfig.warmup_ratio, 1e-3, TrainConfig.min_lr_ratio)
 
     assert schedule(before + 0.005) <= rows[-1]["lr"] <= schedule(before - 0.005)
     assert schedule(4) == 0 < rows[-1]["lr"] < max(r["lr"] for r in rows)

