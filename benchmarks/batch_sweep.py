@@ -48,6 +48,7 @@ import torch
 
 from benchmarks.engine_load import HELDOUT, load_prompts, run_load
 from benchmarks.intel_openmp import reexec_under_intel_openmp
+from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS, random_pair
 from engine.config import SpecConfig, parse_trees
@@ -325,6 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="draft at a concurrency only where a chain beats 0 steps by more than this share")
     ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
     ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
+    ap.add_argument("--claim", help="the sentence the result backs, for manifest.json beside --out "
+                    "(default: what was measured)")
     args = ap.parse_args(argv)
     args.steps = [int(s) for s in args.steps.split(",") if s]
     try:
@@ -356,6 +359,9 @@ def main(argv: list[str] | None = None) -> dict:
     result = run(args)
     write_result(Path(args.out), result, markdown(result), plot)
     Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume
+    write_manifest(Path(args.out).parent, args.claim or f"Speculative decoding ({result['model']} + {result['draft']}) "
+                   f"against plain decoding at {args.concurrency} concurrent requests, in one process",
+                   command=result["provenance"]["command"])
     return result
 
 

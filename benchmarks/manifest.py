@@ -6,6 +6,8 @@ these files.
 
     from benchmarks.manifest import write_manifest
     write_manifest(out_dir, "cpu-default is 2x compiled plain decoding at one request", vllm=vllm.__version__)
+
+From a shell script: python -m benchmarks.manifest OUT_DIR --claim "..." --command "$0 $*" --set vllm=0.32.0
 """
 from __future__ import annotations
 
@@ -143,5 +145,18 @@ def write_manifest(out_dir, claim: str, command: str | None = None, **extra) -> 
     return path
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    ap = argparse.ArgumentParser(description="Write OUT_DIR/manifest.json for a result a shell script produced.")
+    ap.add_argument("out_dir")
+    ap.add_argument("--claim", required=True, help="the one sentence the result backs")
+    ap.add_argument("--command", help="the command that produced it (default: this one)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="another field, such as vllm=0.32.0 (repeatable)")
+    a = ap.parse_args(argv)
+    extra = dict(kv.split("=", 1) for kv in a.set)
+    print(write_manifest(a.out_dir, a.claim, a.command, **extra))
+
+
 if __name__ == "__main__":
-    print(json.dumps(manifest("a test of the manifest writer"), indent=2))
+    main()

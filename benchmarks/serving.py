@@ -30,6 +30,7 @@ import aiohttp
 import numpy as np
 
 from benchmarks import prom_text
+from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from drafter.prompts import read_records
 
@@ -301,6 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request seconds")
     ap.add_argument("--out-dir", default="benchmarks/results/serving")
     ap.add_argument("--name", help="output file stem (default serving-c<concurrency>-r<rate>)")
+    ap.add_argument("--claim", help="the sentence the result backs, for <out-dir>/manifest.json "
+                    "(default: what was measured)")
     args = ap.parse_args(argv)
     cfg = BenchConfig(base_url=args.base_url, model=args.model, max_concurrency=args.max_concurrency,
                       request_rate=args.request_rate, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
@@ -311,6 +314,9 @@ def main(argv: list[str] | None = None) -> dict:
     result["provenance"] = provenance(argv)
     name = args.name or f"serving-c{args.max_concurrency}-r{args.request_rate:g}"
     write_result(Path(args.out_dir) / f"{name}.json", result, markdown(result), plot)
+    write_manifest(args.out_dir, args.claim or f"Output throughput and latency over HTTP of {args.base_url} at "
+                   f"{args.max_concurrency} concurrent requests, {args.num_prompts} prompts, {args.max_tokens} tokens",
+                   command=result["provenance"]["command"])
     return result
 
 
