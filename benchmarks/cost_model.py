@@ -20,7 +20,7 @@ concurrency) of the same pair on the same device (predicted vs measured speedup 
 and labels the result a PREDICTION: acceptance of a real 8B pair differs, the cost side is
 what it estimates.
 
-  python -m benchmarks.cost_model --sweep benchmarks/results/step_sweep/h200-native.json \
+  python -m benchmarks.cost_model --sweep benchmarks/results/step_sweep/gpu-native.json \
       --validate benchmarks/results/costs/embedded.json --predict benchmarks/results/costs/llama8b.json
 """
 from __future__ import annotations

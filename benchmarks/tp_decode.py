@@ -9,7 +9,7 @@ writes JSON. Without torchrun it runs as a single process (TP 1).
 
   torchrun --nproc-per-node 2 -m benchmarks.tp_decode --shape 8b --name tp2-default
   NCCL_PROTO=LL NCCL_ALGO=Ring torchrun --nproc-per-node 2 -m benchmarks.tp_decode --name tp2-LL-Ring
-  torchrun --nproc-per-node 2 -m benchmarks.tp_decode --profile h200x2-native --name tp2-profile
+  torchrun --nproc-per-node 2 -m benchmarks.tp_decode --profile reference --name tp2-profile
   python -m benchmarks.tp_decode --shape 8b --name tp1        # one GPU
 """
 from __future__ import annotations

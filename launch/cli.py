@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"built-in profiles: {', '.join(available_profiles())}")
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--profile", help="profile name or path to a .toml file (default: cpu-default without a "
-                                         "GPU, h200-native with one; or $SPECSERVE_PROFILE)")
+                                         "GPU, gpu-native with one; or $SPECSERVE_PROFILE)")
     which.add_argument("--no-profile", action="store_true",
                        help="no profile file: the native engine's defaults and these flags, speculating when "
                             "--draft is given (`python -m server`)")
@@ -54,7 +54,7 @@ def default_profile(environ) -> tuple[str, str]:
         return environ["SPECSERVE_PROFILE"], "profile from $SPECSERVE_PROFILE"
     import torch
     if torch.cuda.is_available():
-        return "h200-native", "no --profile: a GPU is visible, using h200-native"
+        return "gpu-native", "no --profile: a GPU is visible, using gpu-native"
     return "cpu-default", "no --profile and no GPU: using cpu-default"
 
 

@@ -107,9 +107,9 @@ def native_engine_args(p: Profile):
     from engine.config import NativeConfig
     from engine.loading import NativeEngineArgs
 
-    if p.parallel.tp > 1:  # the profile stays valid: benchmarks.tp_decode reads its NCCL settings
-        raise ProfileError(f"{p.source}: parallel.tp: the native engine does not implement tensor parallelism "
-                           f"yet (benchmarks/tp_decode.py measures it); use tp = 1 or an SGLang or vLLM profile")
+    if p.parallel.tp > 1:  # tensor parallelism is the production engines' job
+        raise ProfileError(f"{p.source}: parallel.tp: the native engine does not implement tensor parallelism; "
+                           f"use tp = 1 or an SGLang or vLLM profile")
     native = {f.name: getattr(p.native, f.name) for f in dataclasses.fields(NativeConfig)}
     return NativeEngineArgs(**native, model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
                             spec=p.speculative.engine_config() if p.spec_enabled else None,

@@ -93,7 +93,7 @@ def test_follower_node_runs_sglang_schedulers_only(capsys, environ_restored):
 def test_no_profile_and_no_gpu_picks_cpu_default(capsys, environ_restored, tmp_path):
     import torch
     if torch.cuda.is_available():
-        pytest.skip("a GPU is visible: the default is h200-native")
+        pytest.skip("a GPU is visible: the default is gpu-native")
     t, d = llama_target(tmp_path / "t"), eagle3_drafter(tmp_path / "d")
     rc, out, _ = run_cli(capsys, "--dry-run", "--model", str(t), "--draft", str(d), "--steps", "2")
     assert rc == 0

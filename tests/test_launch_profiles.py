@@ -31,7 +31,7 @@ def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
 
 def test_shipped_profiles_are_all_there_and_valid():
     names = set(available_profiles())
-    assert {"reference", "reference-2node", "h200-native", "h200x2-native", "cpu-default"} <= names
+    assert {"reference", "reference-2node", "gpu-native", "cpu-default"} <= names
     for n in names:
         p = resolve(n, environ=ENV).profile
         assert p.model.path and (p.model.draft or not p.speculative.enabled)
@@ -60,7 +60,7 @@ def test_two_node_profile_reads_rank_and_address_from_the_environment():
 
 
 def test_builtin_relative_paths_resolve_against_the_project_root():
-    p = resolve("h200x2-native", environ={}).profile
+    p = resolve("cpu-vllm", environ={}).profile
     assert p.model.path == str(PROJECT_ROOT / "shipped" / "target")
     assert p.model.draft == str(PROJECT_ROOT / "shipped" / "drafter")
 
@@ -204,12 +204,11 @@ def test_native_engine_args_from_the_cpu_profile():
     assert a.spec is None and a.draft is None
 
 
-def test_native_tp_profile_resolves_but_does_not_serve_until_the_engine_has_tp():
-    """h200x2-native carries the NCCL settings benchmarks.tp_decode runs with; serving it stops clearly."""
-    p = resolve("h200x2-native", environ={}).profile
-    assert p.parallel.tp == 2
-    with pytest.raises(ProfileError, match="h200x2-native.toml: parallel.tp: the native engine does not "
-                                           "implement tensor parallelism"):
+def test_native_engine_refuses_tensor_parallelism():
+    """Tensor parallelism belongs to SGLang and vLLM: a native profile with tp > 1 stops clearly."""
+    p = resolve("cpu-default", environ={}).profile
+    p = p.model_copy(update={"parallel": p.parallel.model_copy(update={"tp": 2})})
+    with pytest.raises(ProfileError, match="parallel.tp: the native engine does not implement tensor parallelism"):
         native_engine_args(p)
 
 
