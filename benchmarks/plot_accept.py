@@ -1,7 +1,6 @@
 """Accept length against draft steps, one line per (prompt set, drafter), from `drafter eval` JSON.
 
-    python -m benchmarks.plot_accept benchmarks/results/smollm2_build/build_s14/eval_{chat,humaneval,completion}.json \
-        --out benchmarks/results/smollm2_build/build_s14/accept_by_steps.png
+    python -m benchmarks.plot_accept RUN/eval_{chat,humaneval,completion}.json --out RUN/accept_by_steps.png
 
 A set is named by its file (eval_chat.json -> chat); with more than one drafter in a file each
 line also names its drafter's folder.

@@ -1,8 +1,8 @@
 """Read counters from a Prometheus text exposition (/metrics) without a Prometheus server.
 
 The serving benchmark snapshots /metrics before and after a run; differences of counters
-give server-side totals for exactly that run (accept length = 1 + Δaccepted / Δverify, the
-DESIGN §4 window formula).
+give server-side totals for exactly that run (accept length = 1 + Δaccepted / Δverify, vLLM's
+window formula).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Load and leak check against a live server (issue 7): N streaming requests at concurrency
+"""Load and leak check against a live server: N streaming requests at concurrency
 C, repeated for R rounds. Greedy by default; --sampled F gives a fraction of them random
 sampling parameters (temperature, top_p, top_k, seed) and --drop F makes a fraction of the
 clients hang up after their first few streamed chunks.

@@ -63,9 +63,9 @@ def vllm_env() -> dict:
 @contextlib.contextmanager
 def server_process(cmd: Sequence[str], log: Path, env: dict, url: str,
                    timeout_s: float = 420.0) -> Iterator[subprocess.Popen]:
-    """A server process in its own session (the command and its output appended to `log`),
-    healthy on `url`. Stopped on exit with SIGTERM (our server stops its engine itself), then
-    whatever process of its session outlived it (a vLLM engine core) is killed."""
+    """A server process leading its own process group (the command and its output appended to
+    `log`), healthy on `url`. Stopped on exit with SIGTERM (our server stops its engine itself),
+    then whatever process of its group outlived it (a vLLM engine core) is killed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         fh.write(("\n### " + " ".join(cmd) + "\n").encode())

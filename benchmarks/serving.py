@@ -102,14 +102,14 @@ def _content(chunk: dict) -> str:
     return (c.get("delta") or {}).get("content") or c.get("text") or ""
 
 
-async def send_one(session: aiohttp.ClientSession, cfg: BenchConfig, rec: dict, t0: float) -> RequestResult:
+async def send_one(http: aiohttp.ClientSession, cfg: BenchConfig, rec: dict, t0: float) -> RequestResult:
     path, body = request_body(rec, cfg)
     res = RequestResult(ok=False)
     start = time.perf_counter()
     res.start = start - t0
     last = None
     try:
-        async with session.post(cfg.base_url.rstrip("/") + path, json=body) as resp:
+        async with http.post(cfg.base_url.rstrip("/") + path, json=body) as resp:
             if resp.status != 200:
                 res.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return res
@@ -148,9 +148,9 @@ async def send_one(session: aiohttp.ClientSession, cfg: BenchConfig, rec: dict, 
     return res
 
 
-async def fetch_metrics(session: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
+async def fetch_metrics(http: aiohttp.ClientSession, base_url: str) -> dict[str, float] | None:
     try:
-        async with session.get(base_url.rstrip("/") + "/metrics") as resp:
+        async with http.get(base_url.rstrip("/") + "/metrics") as resp:
             return prom_text.parse_totals(await resp.text()) if resp.status == 200 else None
     except aiohttp.ClientError:
         return None
@@ -170,18 +170,18 @@ async def run_benchmark(cfg: BenchConfig, prompts: list[dict], warmup: list[dict
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers, connector=conn) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers, connector=conn) as http:
         for rec in warmup:
-            w = await send_one(session, cfg, rec, time.perf_counter())
+            w = await send_one(http, cfg, rec, time.perf_counter())
             if not w.ok:
                 raise RuntimeError(f"warm-up request failed: {w.error}")
-        before = await fetch_metrics(session, cfg.base_url)
+        before = await fetch_metrics(http, cfg.base_url)
         sem = asyncio.Semaphore(cfg.max_concurrency)
         t0 = time.perf_counter()
 
         async def limited(rec):
             async with sem:
-                return await send_one(session, cfg, rec, t0)
+                return await send_one(http, cfg, rec, t0)
 
         tasks = []
         for rec, gap in zip(prompts, arrival_gaps(len(prompts), cfg.request_rate, cfg.seed)):
@@ -190,7 +190,7 @@ async def run_benchmark(cfg: BenchConfig, prompts: list[dict], warmup: list[dict
             tasks.append(asyncio.create_task(limited(rec)))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
-        after = await fetch_metrics(session, cfg.base_url)
+        after = await fetch_metrics(http, cfg.base_url)
     return summarize(cfg, results, duration, before, after)
 
 

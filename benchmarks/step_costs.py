@@ -38,8 +38,8 @@ from models.layers import Attention, Linear
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "costs"
-# Engine steps timed back to back in a round. Timed one at a time with a sync each (sessions
-# 16-26), a 5-step cycle on the H200 cost 7% more than in the loop (benchmarks/results/h200_s24/).
+# Engine steps timed back to back in a round, as the loop runs them: timed one at a time with a
+# sync each, a 5-step cycle on an H200 cost 7% more than in the loop.
 PIPELINE = 8
 WARM_ROUNDS = 3  # untimed rounds before loop_step_ms times its own
 

@@ -100,7 +100,7 @@ def vocab_topk(x: torch.Tensor, k: int, chunk: int = 256) -> tuple[torch.Tensor,
     """x.topk(k) over the last dim (the draft vocabulary) in two stages: the top k of each chunk,
     then the top k of those; exact, as each of the overall top k is among its chunk's. On GPU
     torch.topk over a few long rows runs one block per row, a fifth of a compiled tree cycle;
-    two stages spread it over many blocks (benchmarks/results/h200_s22/)."""
+    two stages spread it over many blocks."""
     v = x.shape[-1]
     if v % chunk or v < 4 * chunk:
         return x.topk(k, dim=-1)

@@ -22,8 +22,8 @@ drafter would have read; `drafter_catch_up` runs the drafter over that backlog i
 The models are called here (and in engine/draft_tree.py) with `logits_at` passed even where it is
 None. A default that a compiled step reads becomes a guard on the method's defaults, and torch 2.11
 cannot load a saved compile holding such a guard (its pickling of DefaultsSource passes fields
-that __init__ does not take), so every saved step compiled again at each start
-(benchmarks/results/h200_s30/; engine/saved_compile.py).
+that __init__ does not take), so every saved step would compile again at each start
+(engine/saved_compile.py).
 """
 from __future__ import annotations
 

@@ -61,10 +61,8 @@ def compiles(requested: bool, device: torch.device) -> bool:
 
 def cpu_threads(requested: int) -> int:
     """Intra-op threads for CPU decoding: every core (at most 8), unless a count was chosen;
-    OMP_NUM_THREADS wins. On 2 cores SmolLM2's float32 decoding over HTTP ran at 1.5x its
-    one-thread rate on two (session 16, benchmarks/results/batch_sweep/cpu_http/ab_s16/; one core
-    used to be left to the server, measured while a second OpenMP team slowed every thread:
-    engine/scheduler.py start_blocking)."""
+    OMP_NUM_THREADS wins. On 2 cores SmolLM2's float32 decoding over HTTP runs at 1.5x its
+    one-thread rate on two (the server's own work is light: it runs in another process)."""
     if requested > 0:
         return requested
     if os.environ.get("OMP_NUM_THREADS"):

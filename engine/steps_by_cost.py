@@ -1,9 +1,8 @@
 """Steps per batch size from this machine's step costs and the drafter's acceptance.
 
-A table swept on one machine can lose on another. cpu-default's table, swept on an Intel Xeon VM,
-ran at 0.69-0.90x plain decoding at 4-32 requests on session 32's AMD EPYC VM. There a product of
-up to 4 rows costs what one row does and 12-32 rows 3.0-4.5 times as much
-(benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/, cpu_linear/matmul_forms_amd_32.md). So,
+A table swept on one machine can lose on another: a table swept on an Intel Xeon VM ran at
+0.69-0.90x plain decoding at 4-32 requests on an AMD EPYC VM, where a product of up to 4 rows
+costs what one row does and 12-32 rows 3.0-4.5 times as much. So,
 as vLLM's dynamic speculation does with its measured cost per batch size and token count, the
 engine times its own steps at load, at each power-of-two batch size and each step count from 0
 to `steps`. At each batch size it then drafts the steps with the most tokens per second (more steps must give
@@ -59,10 +58,9 @@ def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS)
     step count can catch the drafter up), then times a block of steps back to back. At 0 steps
     the block is LAG_STEPS steps: with graphs or compile they hold exactly one catch-up of the
     drafter; without (CPU), whose backlog holds EAGER_LAG_STEPS, none, and one catch-up per 128
-    steps costs no more (benchmarks/results/batch_sweep/zero_steps_s33/). A step count
-    keeps its fastest block: other work on the machine only adds time (session 32's VM measured
-    one step count 40-70% slow in single runs). Leaves every row empty and the decoder's own
-    speculative setting in force."""
+    steps costs no more. A step count keeps its fastest block: other work on the machine only adds
+    time (a shared VM can run one step count 40-70% slow in a single block). Leaves every row
+    empty and the decoder's own speculative setting in force."""
     own = dec.spec
     prompt = [i % dec.target.config.vocab_size for i in range(1, min(CONTEXT, dec.cache_len // 2) + 1)]
     costs, filled = {}, 0
@@ -113,9 +111,8 @@ def costs_key(dec: BatchDecoder, model: str, draft: str, sizes: Sequence[int]) -
 def eager_twin(dec: BatchDecoder) -> BatchDecoder:
     """An uncompiled decoder over `dec`'s models, with caches of its own just long enough for
     measure_costs. A compiled engine's table comes from its twin's costs: timing every step count
-    compiled would compile each one (minutes on CPU). On session 35's AMD VM compiling sped up
-    steps with drafts more than plain ones (benchmarks/results/batch_sweep/cpu_http/ab_s35_compiled/),
-    so eager costs draft no more than compiled ones would."""
+    compiled would compile each one (minutes on CPU). Compiling speeds up steps with drafts more
+    than plain ones on CPU, so eager costs draft no more than compiled ones would."""
     return BatchDecoder(own_cache_copy(dec.target), own_cache_copy(dec.drafter), dec.spec, dec.max_batch,
                         max_context=2 * CONTEXT)
 

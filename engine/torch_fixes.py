@@ -1,13 +1,12 @@
 """Fixes for torch bugs the engine meets, applied only to the torch versions that have them.
 
-Warm starts tune their kernels again (torch < 2.12, pytorch issue #172819, fixed by PR #173391).
+Warm starts tune their kernels again (torch < 2.12: pytorch/pytorch#172819, fixed by pytorch/pytorch#173391).
 Coordinate-descent tuning (decoder.COMPILE_OPTIONS) saves each kernel's best launch config in
 inductor's cache. The kernels of a loaded saved step (engine/saved_compile.py) are checked against
 it in `CachingAutotuner.recheck_autotune_cache`. Before 2.12 that check skips a kernel with a single
 config, and it does not carry the "found by coordinate descent" mark over, so such kernels were tuned
 again at their first launch: 21.3 of a warm start's 47.2 s on an H100 with torch 2.11. With
-`keep_tuned_configs`, which puts 2.12's check in its place, a warm start tuned for 0.0 s
-(benchmarks/results/h200_s33/).
+`keep_tuned_configs`, which puts 2.12's check in its place, a warm start tunes nothing.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def sglang_server_args(p: Profile) -> dict:
                   dist_init_addr=p.parallel.dist_init_addr)
     if p.spec_enabled:
         s = p.speculative
-        # SGLang wants steps, topk and draft tokens set together (DESIGN §3).
+        # SGLang wants steps, topk and draft tokens set together or not at all.
         kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=p.model.draft,
                   speculative_num_steps=s.steps, speculative_eagle_topk=s.topk,
                   speculative_num_draft_tokens=s.draft_tokens)

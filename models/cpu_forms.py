@@ -1,13 +1,13 @@
 """The forms a float32 product can take in an eager CPU step, and which one each row count takes.
 
 A decode or verify step on CPU is weight reads, and how fast the library's kernels read them
-depends on the processor (benchmarks/results/cpu_linear/): F.linear (x @ W.T) is the default;
+depends on the processor: F.linear (x @ W.T) is the default;
 `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a weight reordered once into its blocked
 layout) are faster on some processors at some row counts. models/cpu_products.py times them on this
 machine and the engine sets `Linear.cpu_forms` (models/layers.py) from its choice at load. All
 three give F.linear's products up to float32 rounding. Compiled steps call oneDNN as one opaque
 op (`specserve::onednn_linear`) where F.linear lost at every row count (CpuForms.compiled); inductor's own
-CPU products are F.linear's (benchmarks/results/cpu_real_pair/compiled_vs_eager_s34/).
+CPU products are F.linear's.
 """
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def few_rows_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """F.linear for up to CPU_FEW_ROWS float32 rows on CPU, as weight @ x.T (1 or 3 rows padded
     by one).
 
-    On some CPUs (session 9's AMD EPYC VM) float32 `x @ W.T` for 2-8 rows costs up to three times
-    one row (the library repacks the weight) while `W @ x.T` reads the weight once, fastest for an
-    even count of 2 or 4 columns (one column takes a matrix-vector kernel, three a slower tile). On
-    others (session 12's Intel Xeon VM) it is 2-2.5x slower than F.linear."""
+    On some CPUs (an AMD EPYC VM) float32 `x @ W.T` for 2-8 rows costs up to three times one row
+    (the library repacks the weight) while `W @ x.T` reads the weight once, fastest for an even
+    count of 2 or 4 columns (one column takes a matrix-vector kernel, three a slower tile). On
+    others (an Intel Xeon VM) it is 2-2.5x slower than F.linear."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     n = rows.shape[0]
     if n in (1, 3):
@@ -67,9 +67,8 @@ def onednn_available() -> bool:
 
 # weight -> (its version counter when reordered, the reordered copy); an entry goes with its weight.
 _REORDERED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-# The row count oneDNN lays the weight out for. On the AMD EPYC VM of sessions 33-34, one layout for
-# 8 rows ran SmolLM2's products 2.1-4.0x faster than F.linear at every count from 1 to 512
-# (benchmarks/results/cpu_linear/matmul_forms_onednn_s33.md, matmul_forms_onednn_s34.md).
+# The row count oneDNN lays the weight out for: on an AMD EPYC VM one layout for 8 rows ran
+# SmolLM2's products 2.1-4.0x faster than F.linear at every count from 1 to 512.
 REORDER_ROWS = 8
 
 
@@ -89,8 +88,8 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 # onednn_linear as one opaque op for compiled steps: torch.compile calls it with the step's tensors and
 # does not trace its cache of reordered weights. Defined through torch.library.Library, whose calls
-# cost less than torch.library.custom_op's, and a step makes about 150 of them
-# (benchmarks/results/cpu_linear/compiled_op_s35.md). Inductor cannot take oneDNN's own op: its
+# cost less than torch.library.custom_op's (5.5 against 15 us a call), and a step makes about 150 of
+# them. Inductor cannot take oneDNN's own op: its
 # lowering wants the weights frozen.
 _LIBRARY = torch.library.Library("specserve", "DEF")
 _LIBRARY.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")

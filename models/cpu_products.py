@@ -2,35 +2,21 @@
 process, or once per machine and kept in a file.
 
 F.linear (x @ W.T), `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a prepacked weight)
-read the same weights once, but which kernels they reach depends on the processor: on session 9's
-AMD EPYC VM, W @ x.T was 1.3-2.5x faster than F.linear for 1-4 rows; on session 12's Intel Xeon VM
-it was 2-2.5x slower (benchmarks/results/cpu_linear/); on the AMD EPYC VM of sessions 33-34 oneDNN
-was 2.1-4.0x faster than F.linear at every count from 1 to 512 rows. A fixed choice is wrong on
+read the same weights once, but which kernels they reach depends on the processor: on one AMD
+EPYC VM W @ x.T was 1.3-2.5x faster than F.linear for 1-4 rows and oneDNN 2.1-4.0x faster at every
+count from 1 to 512; on an Intel Xeon VM W @ x.T was 2-2.5x slower. A fixed choice is wrong on
 some of them, so the engine times the forms on a matrix larger than the caches (a decode step's
 weights are read from memory) at row counts from one token to the longest verify
 (CALIBRATED_ROWS), and takes another form than F.linear only where it is clearly faster. All give
 the same products up to float32 rounding.
 
-The forms take turns and each keeps its fastest run (other work on the machine only adds time,
-so the minimum drops it), and another form must beat F.linear by MARGIN. Timed one form after
-the other, by the median of three runs, with a 10% margin, two servers started side by side on
-session 31's Intel VM chose differently (W @ x.T for 4, 7 and 8 rows in one, 7 and 8 in the
-other), where W @ x.T was 1.06-3.1x slower at every row count; the plain side of that A/B ran its
-4-row products 1.56x slower (benchmarks/results/batch_sweep/cpu_http/ab_s31_interleaved/). Now
-nine calibrations there, two pairs of them side by side, all chose F.linear everywhere. Beside
-another server's load one still chose W @ x.T for 7 and 8 rows, where the forms are closest, so
-the A/B scripts start their servers one after another
-(benchmarks/results/batch_sweep/cpu_http/servers.sh).
-
-Even so, servers still chose differently. On session 32's AMD VM W @ x.T was 1.9-7.5x faster at
-every row count, and four calibrations in a process of their own chose it for 1-8 rows
-(benchmarks/results/cpu_linear/calibration_s32_amd.md). Yet servers there chose it for 1-8 rows,
-2-8, and [2, 5, 6, 7, 8] (benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/). Each row count
-was then timed in one go, a few tens of ms, and the first ones fell in the server's own start-up
-beside the engine process. So every (row count, form) now takes its turn once per rep, and a busy
-spell falls on a few runs of each. And `kept_forms` measures once per machine: it keeps the
-choice, with the timings it came from, in a file that every later server with the same processor,
-thread count and torch reads (models/kept_measurements.py).
+The forms take turns, every (row count, form) once per rep, and each keeps its fastest run (other
+work on the machine only adds time, so the minimum drops it, and a busy spell falls on a few runs
+of each); another form must beat F.linear by MARGIN. Timed one after the other, by medians and
+with a smaller margin, servers started side by side chose differently where the forms are within
+6-16%. And `kept_forms` measures once per machine: it keeps the choice, with the timings it came
+from, in a file that every later server with the same processor, thread count and torch reads
+(models/kept_measurements.py).
 """
 from __future__ import annotations
 
@@ -52,9 +38,8 @@ CALIBRATION_SHAPE = (24576, 576)
 # prefills the last's (models/cpu_forms.CpuForms).
 CALIBRATED_ROWS = (*range(1, CPU_FEW_ROWS + 1), 12, 16, 24, 32)
 # Another form must take this share less time than F.linear (the library's default) to be chosen.
-# 10% let noise flip row counts where the forms are within 6-16% (Intel, session 31). On the AMD VM
-# at two threads (the engine's default on 2 cores) W @ x.T was 1.43-4.36x faster at every row count
-# and still passes; at one thread its 6-8 rows (1.00-1.14x) now stay F.linear.
+# 10% lets noise flip row counts where the forms are within 6-16% (seen on an Intel VM); a form
+# 1.43-4.36x faster (W @ x.T at two threads on an AMD VM) still passes.
 MARGIN = 0.20
 REPS = 15  # timed runs of each form at each row count
 

@@ -2,9 +2,8 @@
 
 What the engine times at load (the CPU product forms, models/cpu_products.py; its step costs per
 batch size, engine/steps_by_cost.py) depends on the machine, not on the requests, and processes
-that time it separately can choose differently: two servers started one after the other on
-session 32's AMD VM ran different product forms for one row
-(benchmarks/results/batch_sweep/cpu_http/ab_s32_table22/). So, as inductor and Triton keep their
+that time it separately can choose differently (two servers started one after the other on one
+VM ran different product forms for one row). So, as inductor and Triton keep their
 autotuning, a measurement is kept in a file under a key naming what it depends on. Servers starting
 together wait on the file's lock: the first measures, the others read its result. An unreadable
 file is measured again; delete it to measure again on purpose.

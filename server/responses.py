@@ -54,7 +54,7 @@ _compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).enco
 def delta_chunk(template: dict, **choice) -> bytes:
     """One streamed delta: `template`, a one-choice chunk that pydantic dumped once per response,
     with `choice`'s fields replaced: building and serializing pydantic models for every token
-    is the event loop's largest per-token cost (benchmarks/results/http_overhead/)."""
+    is the event loop's largest per-token cost."""
     return sse(_compact_json({**template, "choices": [{**template["choices"][0], **choice}]}))
 
 

@@ -15,8 +15,9 @@ fixed windows of the held-out split (modules the model never sees, shipped/data/
 
 Schedule: linear warmup, then cosine to --min-lr-ratio * lr. Progress is the larger of
 step / --steps and train time / --time-budget-s, so a time-budgeted run ends its decay when
-the time is up. Train time excludes evaluations, checkpoints and the first step of each
-session (torch.compile compiles there). bf16 autocast on CUDA, optional torch.compile (falls back to eager if it fails).
+the time is up. Train time excludes evaluations, checkpoints and the first step after each
+start or resume (torch.compile compiles there). bf16 autocast on CUDA, optional torch.compile
+(falls back to eager if it fails).
 A training state is saved to --work-dir every --ckpt-every-s seconds; --resume continues it.
 --export best (default) exports the weights with the lowest held-out loss seen at an eval.
 

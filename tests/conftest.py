@@ -1,4 +1,4 @@
-"""Shared fixtures: the live servers of tests/server_harness.py, built once per test session."""
+"""Shared fixtures: the live servers of tests/server_harness.py, built once per pytest run."""
 from __future__ import annotations
 
 import pytest

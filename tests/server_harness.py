@@ -202,7 +202,7 @@ def spec_server() -> LiveServer:
 
 
 def stop_all() -> None:
-    """Stop every server (call at session end: at interpreter exit the engines cannot shut
+    """Stop every server (call when the pytest run ends: at interpreter exit the engines cannot shut
     down cleanly any more, their executor threads are gone)."""
     while _SERVERS:
         _SERVERS[-1].stop()

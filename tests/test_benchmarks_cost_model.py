@@ -68,7 +68,7 @@ def test_costs_then_model_write_reports(tmp_path):
 
 def test_batch_sweeps_are_read_at_their_summed_decode_rate():
     # a(S) / cycle(S) predicts every reply's tokens over every reply's seconds, not the median
-    # reply's rate; sweeps before session 26 record only the median.
+    # reply's rate; a sweep without decode_tok_s records only the median.
     row = {"concurrency": 1, "steps": 3, "request_tok_s": 250.0, "x_plain_request": 1.2,
            "decode_tok_s": 200.0, "x_plain_decode": 1.3}
     old = {k: v for k, v in row.items() if "decode" not in k}

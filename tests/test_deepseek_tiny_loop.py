@@ -115,7 +115,7 @@ def test_the_deepseek_loop_through_vllm_trains_a_drafter_and_the_wiring_bug_cost
     assert after["accept_length"] >= before["accept_length"] + 0.5, result
     assert after["per_position"][0] > before["per_position"][0] + 0.2
     # served with ids that capture the layers below the trained ones (as SGLang's DeepSeek rule would feed
-    # them): part of the gain is gone (at this scale a sixth to a fifth; benchmarks/results/deepseek_tiny_loop/)
+    # them): part of the gain is gone (at this scale a sixth to a fifth)
     assert bug["fed_layer_outputs"] == [1, 3, 5]
     assert before["accept_length"] + 0.5 < bug["accept_length"] <= after["accept_length"] - 0.1
     check = result["sglang_check"]

@@ -73,9 +73,8 @@ def test_saved_steps_load_and_equal_eager(tmp_path):
     """compile_cache under CUDA graphs: the 3-step chain (fp32) at batch 1, then 3, and its captured
     prefills are compiled ahead of time and saved by one decoder, then loaded by another, which
     compiles nothing; both give the eager tokens (engine/saved_compile.py; its CPU test is in
-    test_lossless.py). On the H200's torch 2.11 no saved step loaded until the steps stopped reading
-    default arguments (session 30, benchmarks/results/h200_s30/): the counts say which compile a new
-    decoder does not load."""
+    test_lossless.py). Torch 2.11 cannot load a saved step that reads a default argument: the
+    counts say which compile a new decoder does not load."""
     t, d = build(torch.float32)
     eager = {b: decode(t, d, SpecConfig(3), PROMPTS[:b], fast=False, alone=True) for b in (1, 3)}
     for run in ("saves", "loads"):

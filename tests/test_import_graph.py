@@ -119,7 +119,7 @@ def test_no_package_level_cycle():
 
 
 def test_no_module_level_cycle_inside_a_package():
-    """e.g. engine.loading -> engine.process -> engine.loading (it was one until session 6)."""
+    """e.g. engine.loading -> engine.process -> engine.loading."""
     cycle = find_cycle(MODULE_EDGES)
     if cycle:
         where = {f"{a} -> {b}": MODULE_EDGES[(a, b)][:3] for a, b in zip(cycle, cycle[1:])}

@@ -160,7 +160,7 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch
     loads them, so dynamo traces nothing and nothing compiles again. Both give the eager greedy
     tokens (the folder's housekeeping: test_saved_compile.py). Torch 2.11 (the H200 image's) pickles
     a guard on a method's default argument with arguments its class does not take, so there the
-    steps never loaded (benchmarks/results/h200_s30/); that pickling is reproduced here, so a step
+    steps would never load; that pickling is reproduced here, so a step
     that reads a default fails this test on any torch. The 3-step chain, whose draft and verify
     calls that adds, runs at batch 1 with eager prefills only: one compile, not four, on 2 cores.
     A step calling oneDNN's op (models/cpu_forms.py) saves and loads too."""

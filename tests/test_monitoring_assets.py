@@ -1,6 +1,6 @@
 """The monitoring assets are well-formed and cover what operators look at: tok/s, accept
 length, accept rate, per-position acceptance, TTFT and ITL p50/p99, running and waiting
-requests, GPU utilization and memory — with the formulas of DESIGN §4."""
+requests, GPU utilization and memory — with vLLM's and SGLang's formulas (docs/serving.md)."""
 from __future__ import annotations
 
 import json

@@ -21,10 +21,11 @@ DATA_SUFFIXES = {".jsonl", ".gz", ".safetensors", ".gguf", ".png", ".bin", ".pt"
 DATA_NAMES = {"tokenizer.json", "tokenizer_config.json"}
 
 TEXT_MARKS = {
-    "a development session": re.compile(r"(?<![\"'])\bsessions?\b(?![\"'])", re.IGNORECASE),
+    # the word, not an identifier (`aiohttp.ClientSession`, `session.get(...)`, scope="session")
+    "a development session": re.compile(r"(?<![\"'._])\bsessions?\b(?![\"'._(])", re.IGNORECASE),
     "an issue number": re.compile(r"\bissues? ?#?\d+", re.IGNORECASE),
     "a round-tagged name": re.compile(r"\b\w+_s\d{1,2}\b|\b(?:run|round|turn)_?\d+\b"),
-    "a development round": re.compile(r"\b(?:this|last|next|previous|earlier) (?:round|turn)\b",
+    "a development round": re.compile(r"\b(?:this|next|previous|earlier) (?:round|turn)\b",
                                       re.IGNORECASE),
     "a design brief outside the repository": re.compile(r"DESIGN(?:\.md)? ?§"),
     "aims talk": re.compile(r"\baimed at\b", re.IGNORECASE),

@@ -5,8 +5,7 @@ request alone, running/waiting gauges back to 0 (no KV-slot leak), and the serve
 memory flat from round 2 to round 4 (< 5 % growth). Then the same with a third of the requests
 sampled and a tenth of the clients hanging up mid-stream.
 
-The same check on the shipped pair is benchmarks/reliability_load.py (results in
-benchmarks/results/reliability/)."""
+The same check on the shipped pair is benchmarks/reliability_load.py."""
 from __future__ import annotations
 
 import pytest

@@ -74,7 +74,7 @@ BAD = [
     ("suffix", "POST", COMP, comp_body(suffix="x"), 400, "invalid_value", "suffix"),
     ("top-k-below-minus-one", "POST", COMP, comp_body(top_k=-5), 400, "invalid_value", "top_k"),
     ("seed-out-of-range", "POST", COMP, comp_body(seed=2**70), 400, "invalid_value", "seed"),
-    # logprobs, n, penalties, logit_bias, structured outputs (issue 17)
+    # logprobs, n, penalties, logit_bias, structured outputs
     ("n-too-large", "POST", CHAT, chat_body(n=17), 400, "invalid_value", "n"),
     ("n-zero", "POST", COMP, comp_body(n=0), 400, "invalid_value", "n"),
     ("top-logprobs-over-20", "POST", CHAT, chat_body(logprobs=True, top_logprobs=21), 400, "invalid_value",

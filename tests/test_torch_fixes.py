@@ -1,6 +1,5 @@
 """engine/torch_fixes.py changes torch only where the bug is: this CPU build is 2.13, where kernels
-from inductor's cache keep their tuned configs already (the backport's effect on torch 2.11 is
-measured on a GPU: benchmarks/results/h200_s33/)."""
+from inductor's cache keep their tuned configs already (the backport acts on torch 2.11, on a GPU)."""
 import torch
 from torch._inductor.runtime import triton_heuristics
 

