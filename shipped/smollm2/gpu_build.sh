@@ -16,41 +16,39 @@
 #   bash shipped/smollm2/gpu_build.sh capacity # after data: one drafter per MLP width and draft vocabulary (ARMS),
 #                                              #   from scratch, side by side, evaluated beside each other
 #
-# Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is 54.6 MiB with the binaries
-# that ship (fixture pairs, the shipped drafter) and benchmarks/results. `bash benchmarks/device_tree.sh
-# slim` leaves those out of the index for the device calls (`unslim` afterwards; scripts under
-# benchmarks/results stay), which leaves ~9 MB of tree: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf
+# Pieces: a call carries at most 64 MiB. The GGUF is 98 MB; the tree is larger than a call with the
+# binaries that ship (fixture pairs, the shipped drafter) and the results. `bash benchmarks/device_tree.sh
+# slim` leaves those out of the index for the device calls (`unslim` afterwards), which leaves ~9 MB of tree: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf
 # runs/gguf_parts/part.` then makes two 49.2 MB pieces, and the second call carries the last with .whl
 # (`make device-wheels`, 3.6 MB). With the whole tree it takes nine pieces (`split -n 9`).
 # A slimmed-out file inside a tracked folder (shipped/smollm2/drafter/model.safetensors) must be carried
-# by the call that reads it: one carried by an earlier call was gone two calls later (session 16).
+# by the call that reads it: one carried by an earlier call can be gone two calls later.
 # The machine stays warm only ~30 s after a call: start the next call at once, or the pieces and
 # the data are gone. Returns (data) $OUT/data.tgz: stats, logs, and $OUT/generated.jsonl.gz.NN, the
 # answered conversations (cat the pieces; RETURN_DATA=0 keeps them there); (train)
 # $OUT/drafter.tgz.NN, pieces of one tarball (cat them): the drafter and its training log; then
 # $OUT/evals.tgz.NN: eval JSON and tables, logs.
 #
-# Session 14's build (the shipped drafter; benchmarks/results/smollm2_build/README.md):
+# The shipped drafter's first stage (shipped/smollm2/PROVENANCE.md):
 #   EXTRA_PROMPTS=runs/sharegpt_prompts.jsonl.gz SELF_LIMIT=15000 MAX_TOKENS=384 DATA_S=400 ... data
 #   TRAIN_BUDGET_S=980 TRAIN_S=550 ... train    (twice: the second call resumes, exports, evaluates)
 # A second `data` call before `train` resumes the answering (ids already answered are skipped), and
 # so does an earlier build's returned generated.jsonl.gz, carried in pieces to runs/prev_parts/.
 # INIT=DRAFTER: train fine-tunes that drafter (its weights and draft vocabulary) instead of starting anew.
 # SHARED_HEAD=1: the drafter borrows the target's lm_head (no head of its own, full vocabulary); its logits
-# are 6x the 8,192-row head's. Session 29 ran TRAIN_BATCH=8 GRAD_ACCUM=4 (32 sequences a step, as session
-# 14's): 17.5 GB at peak and 0.43 s a step, so on an H200 TRAIN_BATCH=32 alone should fit
-# (benchmarks/results/h200_s29).
+# are 6x the 8,192-row head's: TRAIN_BATCH=8 GRAD_ACCUM=4 (32 sequences a step) took 17.5 GB at peak
+# and 0.43 s a step, so on an H200 TRAIN_BATCH=32 alone should fit.
 # INTERMEDIATE=N: the drafter's MLP width (default the target's, 1536); with SHARED_HEAD=1, 4096 keeps the
-# export within 20 MB (19.0 MB: smollm2_build/shared_head_s28).
+# export within 20 MB (19.0 MB).
 # PROMPTS_FROM=A,B,C...: start the prompt files (written, stubs, then EXTRA_PROMPTS, in that order) at
-# these lines, to answer only prompts an earlier build did not (session 17: past session 14's).
+# these lines, to answer only prompts an earlier build did not (the second stage started past the first's).
 # The files are answered interleaved in proportion to their sizes, so within DATA_S a small file beside
-# a large one is answered only in that proportion (session 27: 649 of 2,156 instructions beside 45K
-# ShareGPT prompts): answer a small file alone in its own call first, then add the large one.
+# a large one is answered only in that proportion (649 of 2,156 instructions beside 45K ShareGPT
+# prompts): answer a small file alone in its own call first, then add the large one.
 #
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
-# (comma-separated .jsonl.gz files: session 13 added 45,484 ShareGPT prompts people wrote,
+# (comma-separated .jsonl.gz files, such as the 45,484 ShareGPT prompts people wrote that
 # shipped/smollm2/data/sharegpt_prompts.py), answered interleaved (SELF_LIMIT: only the first N
 # written ones). DROP_SYSTEM of the chats are answered without the system prompt they were written
 # under, as users send them. PROMPTS_S > 0 lets the target write more first.
@@ -66,7 +64,7 @@ TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-900}; TRAIN_S=${TRAIN_S:-520}; LR=${LR:-1e-3}; 
 LENGTH_GROUP=${LENGTH_GROUP:-64}; ARMS=${ARMS:-1536/8192,6144/8192,1536/16384}
 DEVICE=${DEVICE:-cuda}; EVAL_PROMPTS=${EVAL_PROMPTS:-0}; EVAL_TOKENS=${EVAL_TOKENS:-256}; EVAL_STEPS=${EVAL_STEPS:-1,2,3,4,5,6}
 EVAL_DRAFTS=${EVAL_DRAFTS:-}   # more drafters to evaluate beside the new one (comma-separated folders)
-EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl (mtbench from session 26)
+EVAL_SETS=(chat mtbench humaneval completion)   # shipped/smollm2/heldout/*.jsonl
 RETURN_DATA=${RETURN_DATA:-1}; PROMPTS_FROM=${PROMPTS_FROM:-}
 INIT=${INIT:-}; SHARED_HEAD=${SHARED_HEAD:-0}; INTERMEDIATE=${INTERMEDIATE:-}; GRAD_ACCUM=${GRAD_ACCUM:-1}; SIZES=${SIZES:-1000,4000,16000,64000}; EPOCHS=${EPOCHS:-1.2}; SCALING_S=${SCALING_S:-480}
 log() { echo "[$(date +%T)] $*" | tee -a $W/stages.log; }
@@ -149,10 +147,10 @@ train() {
     n=$(records) || exit 3
     run=$W/run; resume=(); [ -d $run ] && resume=(--resume)
     [ -n "$INIT" ] && resume+=(--init "$INIT")
-    [ "$SHARED_HEAD" = 1 ] && resume+=(--shared-head)   # the target's head (smollm2_build/shared_head_s28)
+    [ "$SHARED_HEAD" = 1 ] && resume+=(--shared-head)   # the target's head
     [ -n "$INTERMEDIATE" ] && resume+=(--intermediate-size "$INTERMEDIATE")   # the drafter's MLP width
     # Segments that grow in place, for batches of ever-changing lengths: with them (and batches
-    # padded to multiples of 64) session 14's steps took 0.092 s, session 13's 0.4-1.1 s. Only for
+    # padded to multiples of 64) a step takes 0.092 s, without them 0.4-1.1 s. Only for
     # the native in-loop trainer: vLLM's hidden-states connector refuses it in a capture process.
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
     log "train: $n conversations, ${TRAIN_BUDGET_S}s of training, at most ${TRAIN_S}s this call ${resume[*]}"
@@ -212,7 +210,7 @@ scaling() {
       scaling/*.log scaling/run_*/log.jsonl scaling/run_*/train_config.json 2>/dev/null)
 }
 
-# Issue 18's capacity probe (session 30): one drafter per arm of ARMS, each WIDTH/VOCAB (the MLP's width,
+# The capacity probe: one drafter per arm of ARMS, each WIDTH/VOCAB (the MLP's width,
 # the draft vocabulary's size), from scratch on every conversation answered, with one recipe and one seed
 # (so the same batches in the same order), trained side by side for TRAIN_BUDGET_S seconds each; then
 # exported and evaluated beside each other. One call: TRAIN_S must cover the budget. Returns
