@@ -49,7 +49,7 @@
 # Prompts: the 43,661 the target wrote (shipped/smollm2/data/self_prompts.jsonl.gz), 22,000
 # function stubs people wrote (code_prompts.jsonl.gz, `drafter code-prompts`) and any EXTRA_PROMPTS
 # (comma-separated .jsonl.gz files, such as the 45,484 ShareGPT prompts people wrote that
-# shipped/smollm2/data/sharegpt_prompts.py), answered interleaved (SELF_LIMIT: only the first N
+# shipped/smollm2/data/sharegpt_prompts.py writes), answered interleaved (SELF_LIMIT: only the first N
 # written ones). DROP_SYSTEM of the chats are answered without the system prompt they were written
 # under, as users send them. PROMPTS_S > 0 lets the target write more first.
 set -uo pipefail
