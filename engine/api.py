@@ -1,7 +1,8 @@
 """The engine interface the HTTP layer, metrics and benchmarks talk to.
 
 Implementations: the native engine in a thread (engine/scheduler.py) or in its own process
-(engine/process.py, as the server runs it), and SGLang (server/engines/sglang_engine.py).
+(engine/process.py, as the server runs it), SGLang (server/engines/sglang_engine.py) and vLLM
+(server/engines/vllm_engine.py).
 An engine turns token ids into an async stream of `GenerationOutput` deltas; the last one
 carries the finish reason and the statistics.
 """

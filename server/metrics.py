@@ -1,7 +1,7 @@
 """Every Prometheus metric the server exports is defined here, with the formulas to read it.
 
-Recorded in the HTTP layer from the engine's GenerationOutput stream, so the native and the
-SGLang engine produce identical metrics. Each app owns its CollectorRegistry.
+Recorded in the HTTP layer from the engine's GenerationOutput stream, so every engine (native,
+SGLang, vLLM) produces the same metrics. Each app owns its CollectorRegistry.
 
 Throughput and speculation (counters; use rate() over a window):
   output tok/s            = rate(specserve_generation_tokens_total)

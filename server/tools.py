@@ -6,12 +6,12 @@ qwen3, ...) splits the thinking from the answer. The names are server settings (
 `[server] tool_call_parser / reasoning_parser`, `--tool-call-parser / --reasoning-parser`),
 checked at start-up against SGLang's tables.
 
-The parsing happens here, in our server, for every engine (native and SGLang) alike: our
-SGLang adapter drives `sglang.Engine.async_generate`, which returns raw text; SGLang parses in
-its own HTTP layer, which we do not run. One place, the same classes SGLang's server uses, so
-both engines give the same answer for the same text. SGLang gets no parser names for the same
+The parsing happens here, in our server, for every engine (native, SGLang and vLLM) alike:
+our SGLang adapter drives `sglang.Engine.async_generate`, which returns raw text; SGLang parses
+in its own HTTP layer, which we do not run. One place, the same classes SGLang's server uses, so
+every engine gives the same answer for the same text. SGLang gets no parser names for the same
 reason: a tool_choice grammar (required / a named function) is built here, thinking included
-where the model reasons, and reaches either engine as an engine.api.Constraint.
+where the model reasons, and reaches any engine as an engine.api.Constraint.
 
 Order, as in SGLang's serving_chat: the reasoning parser sees the text first; what it leaves
 as the answer goes to the tool-call parser. Streaming feeds both parsers each delta; a tail
