@@ -20,6 +20,8 @@ KEEP = "a flag not given keeps the profile's value (with --no-profile, the defau
 
 def _default(info) -> str:
     d = info.get_default(call_default_factory=True)
+    if isinstance(d, bool):
+        d = "on" if d else "off"
     return "" if d is None or d == "" else f" (default {d})"
 
 
