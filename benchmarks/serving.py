@@ -13,7 +13,7 @@ Accept length twice: from the responses' usage.spec_decoding (Σcompletion / Σv
 and from /metrics counter deltas around the run (1 + Δaccepted / Δverify).
 
   python -m benchmarks.serving --base-url http://127.0.0.1:8000 --max-concurrency 1 \
-      --num-prompts 32 --max-tokens 256 --out-dir benchmarks/results/serving
+      --num-prompts 32 --max-tokens 256 --out-dir runs/serving
 """
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request seconds")
-    ap.add_argument("--out-dir", default="benchmarks/results/serving")
+    ap.add_argument("--out-dir", default="runs/serving")
     ap.add_argument("--name", help="output file stem (default serving-c<concurrency>-r<rate>)")
     ap.add_argument("--claim", help="the sentence the result backs, for <out-dir>/manifest.json "
                     "(default: what was measured)")
