@@ -20,14 +20,11 @@ import os
 import sys
 from pathlib import Path
 
+from drafter.train_config import add_train_flags, ints
 from models.aux_layers import CAPTURE_ENGINES
 
 CAPTURED_BY_HELP = ("engine that captured the training features, for configs that record none (a SpecForge "
                     "drafter trained through SGLang: sglang-deepseek or sglang-llama; HF backend: transformers)")
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.replace(" ", "").split(",") if x]
 
 
 def cmd_data(a) -> int:
@@ -90,46 +87,12 @@ def cmd_vocab(a) -> int:
     return 0
 
 
-def _vllm_args(a) -> dict:
-    """--vllm-args JSON, then each --vllm-arg KEY=VALUE over it (VALUE read as JSON when it parses)."""
-    try:
-        out = json.loads(a.vllm_args) if a.vllm_args else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--vllm-args: not a JSON object ({e})") from None
-    if not isinstance(out, dict):
-        raise ValueError("--vllm-args: not a JSON object")
-    for item in a.vllm_arg or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--vllm-arg {item!r}: expected KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def cmd_train(a) -> int:
-    from drafter.train import TrainConfig, train
-    c = TrainConfig(
-        target=a.target, data=a.data, out=a.out, vocab=a.vocab,
-        aux_layers=_ints(a.aux_layers) if a.aux_layers else None, aux_convention=a.aux_convention,
-        features=a.features, spool=a.spool, spool_budget_gb=a.spool_budget_gb, keep_features=a.keep_features,
-        capture_dtype=a.capture_dtype, dtype=a.dtype, capture_batch=a.capture_batch, capture_gpus=a.capture_gpus,
-        vllm_python=a.vllm_python, vllm_args=_vllm_args(a), trust_remote_code=a.trust_remote_code,
-        intermediate_size=a.intermediate_size, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
-        head_dim=a.head_dim, ttt_length=a.ttt_length, step_weight=a.step_weight, lr=a.lr, min_lr_ratio=a.min_lr_ratio,
-        warmup_steps=a.warmup_steps, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
-        batch_size=a.batch_size, length_group=a.length_group, grad_accum=a.grad_accum, max_length=a.max_length,
-        epochs=a.epochs,
-        limit_samples=a.limit_samples, max_steps=a.max_steps, stop_at=a.stop_at, time_limit_s=a.time_limit,
-        time_budget_s=a.time_budget,
-        save_every=a.save_every, keep_checkpoints=a.keep, log_every=a.log_every,
-        seed=a.seed, device=a.device, init_lm_head=not a.no_init_lm_head, shared_head=a.shared_head, init=a.init,
-        resume=a.resume)
     from drafter.spool import SpoolError
+    from drafter.train import train
+    from drafter.train_config import from_args
     try:
-        result = train(c)
+        result = train(from_args(a))
     except SpoolError as e:
         print(f"drafter train: error: {e}", file=sys.stderr)
         return 1
@@ -148,7 +111,7 @@ def cmd_export(a) -> int:
 def cmd_eval(a) -> int:
     from drafter.evaluate import evaluate, table, write_json
     from engine.config import SpecConfig, parse_trees
-    specs = [SpecConfig(steps=s) for s in _ints(a.steps)] + parse_trees(a.trees)   # ValueError: main's exit 2
+    specs = [SpecConfig(steps=s) for s in ints(a.steps)] + parse_trees(a.trees)   # ValueError: main's exit 2
     results = evaluate(a.target, a.draft, a.prompts, specs, max_tokens=a.max_tokens, limit=a.limit,
                        device=a.device, dtype=a.dtype, max_batch=a.max_batch, max_context=a.max_context)
     print(table(results))
@@ -262,77 +225,7 @@ def parser() -> argparse.ArgumentParser:
     v.set_defaults(fn=cmd_vocab)
 
     t = sub.add_parser("train", help="online TTT training on the target's features (in the loop, or streamed)")
-    t.add_argument("--target", required=True,
-                   help="target folder (config.json + safetensors); any architecture with --features transformers/vllm")
-    t.add_argument("--data", required=True)
-    t.add_argument("--out", required=True, help="run directory")
-    t.add_argument("--vocab", help="default: <data>/draft_vocab.safetensors")
-    t.add_argument("--aux-layers", help="target layer OUTPUTS to capture, e.g. 1,15,28 (default [1, L//2-1, L-4])")
-    t.add_argument("--aux-convention", default="training",
-                   choices=["training", "vllm", "sglang-llama", "sglang-deepseek"],
-                   help="what --aux-layers ids mean: training (layer outputs) or that engine's config ids, e.g. vllm "
-                        "2,16,29 = outputs 1,15,28")
-    t.add_argument("--features", default="native",
-                   help="where target features come from: native (our engine in the loop), transformers or vllm "
-                        "(a capture process streams them through the spool), or a directory of kept features")
-    t.add_argument("--spool", help="spool directory for streamed features (default <out>/spool)")
-    t.add_argument("--spool-budget-gb", type=float, default=10.0,
-                   help="disk the spool (or --keep-features) may use; the capture waits while it is full")
-    t.add_argument("--keep-features", metavar="DIR",
-                   help="capture every conversation's features into DIR once, then train from it "
-                        "(later runs: --features DIR)")
-    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="the target in this process and the drafter's autocast (auto: bfloat16 on GPU, float32 on CPU)")
-    t.add_argument("--capture-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="capture engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
-    t.add_argument("--capture-batch", type=int, default=64, help="sequences per capture-engine call")
-    t.add_argument("--capture-gpus", help="CUDA_VISIBLE_DEVICES for the capture process")
-    t.add_argument("--vllm-python", help="Python with vLLM for --features vllm (default .venv-vllm/bin/python)")
-    t.add_argument("--vllm-arg", action="append", metavar="KEY=VALUE",
-                   help="vLLM engine argument for the capture, VALUE as JSON where it parses (repeat), e.g. "
-                        "tensor_parallel_size=8 or "
-                        "compilation_config='{\"custom_ops\": [\"all\", \"-rotary_embedding\"]}'")
-    t.add_argument("--vllm-args", help="vLLM engine arguments as one JSON object (--vllm-arg entries override)")
-    t.add_argument("--trust-remote-code", action="store_true", help="for the capture engine (transformers, vLLM)")
-    t.add_argument("--intermediate-size", type=int)
-    t.add_argument("--num-heads", type=int)
-    t.add_argument("--num-kv-heads", type=int)
-    t.add_argument("--head-dim", type=int)
-    t.add_argument("--ttt-length", type=int, default=7)
-    t.add_argument("--step-weight", type=float, default=0.8)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--min-lr-ratio", type=float, default=0.0)
-    t.add_argument("--warmup-steps", type=int, default=-1, help="-1: --warmup-ratio of the steps")
-    t.add_argument("--warmup-ratio", type=float, default=0.015)
-    t.add_argument("--weight-decay", type=float, default=0.0)
-    t.add_argument("--grad-clip", type=float, default=0.5)
-    t.add_argument("--batch-size", type=int, default=4, help="sequences per micro-batch per GPU")
-    t.add_argument("--length-group", type=int, default=64,
-                   help="batches whose conversations are sorted by length together, against padding (1: random)")
-    t.add_argument("--grad-accum", type=int, default=1)
-    t.add_argument("--max-length", type=int, default=2048)
-    t.add_argument("--epochs", type=float, default=1.0)
-    t.add_argument("--limit-samples", type=int, default=0, help="train on the first N conversations (0: all)")
-    t.add_argument("--max-steps", type=int, default=0, help="optimizer steps (0: from --epochs)")
-    t.add_argument("--stop-at", type=int, default=0,
-                   help="end this run after step N with a checkpoint; continue later with --resume")
-    t.add_argument("--time-limit", type=float, default=0,
-                   help="seconds: end this run with a checkpoint once they have passed; continue with --resume")
-    t.add_argument("--time-budget", type=float, default=0,
-                   help="seconds of training: the run's length, its cosine schedule spread over them "
-                        "(replaces --epochs/--max-steps; several --time-limit calls add up with --resume)")
-    t.add_argument("--save-every", type=int, default=1000)
-    t.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
-    t.add_argument("--log-every", type=int, default=10)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", default="auto")
-    t.add_argument("--no-init-lm-head", action="store_true", help="random lm_head instead of the target's rows")
-    t.add_argument("--shared-head", action="store_true",
-                   help="no lm_head of its own: borrow the target's (frozen, not saved, full vocabulary; SGLang "
-                        "and vLLM serve it from a config without draft_vocab_size)")
-    t.add_argument("--init", metavar="DRAFTER",
-                   help="start from this exported drafter (fine-tune it on --data): its weights and draft vocabulary")
-    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    add_train_flags(t)   # generated from TrainConfig's fields (drafter/train_config.py)
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("export", help="write the SGLang/vLLM EAGLE-3 checkpoint")

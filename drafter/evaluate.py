@@ -3,7 +3,7 @@ native engine in this process, greedy, at each requested step count (chain, topk
 prompts go through the chat template; raw prompts (`{"prompt": ...}`) are continued as
 /v1/completions continues them, without it.
 
-Accept length = completion_tokens / verify_steps (bonus token included, DESIGN §2);
+Accept length = completion_tokens / verify_steps (bonus token included, as SGLang and vLLM report it);
 per-position acceptance[i] = verify steps whose i-th draft token was accepted / verify steps.
 Prompts with a "category" (the held-out chat set's MT-bench categories) get an accept length
 per category too, as EAGLE and SpecForge report MT-bench.

@@ -79,7 +79,7 @@ def capture_env(engine: str, python: str, gpus: str | None) -> dict:
 
 
 def start_capture(job: CaptureJob, job_file: Path, python: str, env: dict, log: Path | None) -> subprocess.Popen:
-    """The capture process in its own session (vLLM's workers go with it at stop_capture)."""
+    """The capture process in a new process group (vLLM's workers go with it at stop_capture)."""
     job.save(job_file)
     out = open(log, "ab") if log is not None else None
     try:
@@ -115,10 +115,10 @@ class InLoopSource:
     """The native target in the loop: features and logits computed per micro-batch.
 
     On GPU a micro-batch is padded (loss mask 0) to a multiple of PAD_MULTIPLE tokens, so a run
-    sees at most a few dozen shapes instead of one per length. Session 13's H200 steps took
-    0.4-1.1 s where their kernels take ~0.1 s; with this padding and expandable CUDA segments
-    (shipped/smollm2/gpu_build.sh) session 14's took 0.092 s, with no allocator retry
-    (benchmarks/results/smollm2_build/README.md). Which of the two mattered was not separated."""
+    sees at most a few dozen shapes instead of one per length. Unpadded H200 steps took 0.4-1.1 s
+    where their kernels take ~0.1 s; with this padding and expandable CUDA segments
+    (shipped/smollm2/gpu_build.sh) they took 0.092 s, with no allocator retry. Which of the two
+    mattered was not separated."""
 
     PAD_MULTIPLE = 64
 

@@ -27,7 +27,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,71 +39,18 @@ from drafter import features as fs
 from drafter.batches import Batches
 from drafter.shards import TokenShards
 from drafter.target_head import TargetHead, TargetSpec, load_head_tensors
-from drafter.ttt import TTTModel, TTTStats, target_draft_probs
+from drafter.train_config import TrainConfig
+from drafter.ttt import TTTModel, TTTStats, calibrate_fc_norm, feature_noise, target_draft_probs
 from drafter.vocab import VOCAB_FILE, DraftVocab
 from models.aux_layers import default_aux_layer_ids, layer_outputs_for
 from models.eagle3 import Eagle3Config, Eagle3Drafter
-from models.eagle3_checkpoint import WEIGHT_NAMES, load_drafter
+from models.eagle3_checkpoint import load_drafter, weight_names
 from models.hf_config import read_hf_config
 from models.llama import load_target
 
 CKPT_DIR = "checkpoints"
 WEIGHTS = "drafter.safetensors"
 STATE = "state.pt"
-
-
-@dataclass
-class TrainConfig:
-    target: str
-    data: str
-    out: str
-    vocab: str | None = None                 # default: <data>/draft_vocab.safetensors
-    aux_layers: list[int] | None = None      # target layer OUTPUTS to capture; default [1, L//2-1, L-4]
-    aux_convention: str = "training"         # what aux_layers' ids mean: training (outputs) or an engine's ids
-    features: str = "native"                 # native | transformers | vllm | a kept-features directory
-    spool: str | None = None                 # default <out>/spool
-    spool_budget_gb: float = 10.0
-    keep_features: str | None = None         # capture every conversation into this directory, train from it
-    capture_dtype: str = "auto"              # auto: float32 on CPU, bfloat16 on GPU
-    dtype: str = "auto"                      # in-process target and the drafter's autocast; auto as capture_dtype
-    capture_batch: int = 64                  # sequences per capture-engine call
-    capture_gpus: str | None = None          # CUDA_VISIBLE_DEVICES of the capture process
-    vllm_python: str | None = None           # default .venv-vllm/bin/python
-    vllm_args: dict = field(default_factory=dict)   # vLLM LLM(...) keyword arguments for the capture
-    trust_remote_code: bool = False
-    intermediate_size: int | None = None     # drafter shape; defaults from the target
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    ttt_length: int = 7
-    step_weight: float = 0.8
-    lr: float = 1e-4
-    min_lr_ratio: float = 0.0
-    warmup_steps: int = -1                   # -1: warmup_ratio of the total
-    warmup_ratio: float = 0.015
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 0.5
-    batch_size: int = 4                      # sequences per micro-batch (per rank)
-    length_group: int = 64                   # batches sorted by length together (drafter/batches.py); 1: random
-    grad_accum: int = 1
-    max_length: int = 2048
-    epochs: float = 1.0
-    limit_samples: int = 0                   # train on the first N conversations only (0: all)
-    max_steps: int = 0                       # 0: from epochs
-    stop_at: int = 0                         # end this run after this step (schedule still spans max_steps)
-    time_limit_s: float = 0                  # > 0: end this run (with a checkpoint) once this long has passed
-    time_budget_s: float = 0                 # > 0: the run's length in training seconds (replaces epochs/max_steps)
-    save_every: int = 1000
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    seed: int = 0
-    device: str = "auto"
-    init_lm_head: bool = True
-    shared_head: bool = False                # borrow the target's lm_head (frozen, never saved, full vocabulary)
-    init: str | None = None                  # an exported drafter to start from (fine-tuning); its vocab
-    resume: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 # -- setup ---------------------------------------------------------------------------------
@@ -148,6 +95,7 @@ def drafter_config(t, vocab: DraftVocab, aux: list[int], c: TrainConfig) -> Eagl
         vocab_size=t.vocab_size, draft_vocab_size=vocab.size, target_hidden_size=t.hidden_size,
         aux_layer_ids=list(aux), rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta,
         rope_scaling=t.rope_scaling, max_position_embeddings=t.max_position_embeddings, shared_head=c.shared_head,
+        fc_norm=c.fc_norm, norm_output=c.norm_output,
     )
 
 
@@ -210,7 +158,7 @@ def lr_at(step: int, total: int, warmup: int, base: float, min_ratio: float) -> 
 def lr_at_time(seconds: float, budget: float, warmup_ratio: float, base: float, min_ratio: float) -> float:
     """lr_at with training seconds for steps: a time-budgeted run's schedule ends with its budget,
     however fast its steps turn out to be (they vary with the device, the data's lengths and the
-    allocator's warm-up: session 13's step-count probe was off by 1.6x)."""
+    allocator's warm-up: a step-count probe on an H200 was off by 1.6x)."""
     scale = 10**6
     return lr_at(int(scale * seconds / budget), scale, int(scale * warmup_ratio), base, min_ratio)
 
@@ -277,8 +225,8 @@ def _trained_seconds(before: float, loop_start: float, d: Dist, device) -> float
 def _memory(device: torch.device) -> dict:
     """CUDA allocator figures for the log. A retry (a failed cudaMalloc that frees the cache and
     tries again, synchronizing) or a growing malloc count is what steps slower than their kernels
-    look like when batches of changing shapes fragment the cache (session 14: 0 retries, ~109
-    mallocs in a whole run)."""
+    look like when batches of changing shapes fragment the cache (a padded H200 run: 0 retries,
+    ~109 mallocs in a whole run)."""
     if device.type != "cuda":
         return {}
     s = torch.cuda.memory_stats(device)
@@ -307,6 +255,13 @@ def train(c: TrainConfig) -> dict:
     if resumed is not None and bool(resumed.get("shared_head")) != c.shared_head:
         raise ValueError(f"{out}: the run was started {'without' if c.shared_head else 'with'} --shared-head; "
                          f"resume it the same way")
+    for option in ("fc_norm", "norm_output"):
+        flag = "--" + option.replace("_", "-")
+        if resumed is not None and bool(resumed.get(option)) != getattr(c, option):
+            raise ValueError(f"{out}: the run was started {'without' if getattr(c, option) else 'with'} {flag}; "
+                             f"resume it the same way")
+        if start_from is not None and getattr(start_from.config, option) and not getattr(c, option):
+            raise ValueError(f"--init {c.init} has EAGLE-3.1's {option}: fine-tune it with {flag}")
     if start_from is not None and start_from.config.shared_head and not c.shared_head:
         raise ValueError(f"--init {c.init} borrows the target's lm_head: fine-tune it with --shared-head")
     if c.shared_head and (c.vocab or not c.init_lm_head):
@@ -329,7 +284,7 @@ def train(c: TrainConfig) -> dict:
     if start_from is not None and sorted(start_from.config.aux_layer_ids) != aux:
         raise ValueError(f"--init {c.init}: trained on layer outputs {start_from.config.aux_layer_ids}, this run "
                          f"trains on {aux} (--aux-layers)")
-    # bfloat16 is the GPU recipe; on a CPU with AMX it also trains 1.6x faster than float32 (session 28).
+    # bfloat16 is the GPU recipe; on a CPU with AMX it also trains 1.6x faster than float32.
     bf16 = c.dtype == "bfloat16" or (c.dtype == "auto" and cuda)
     dtype = torch.bfloat16 if bf16 else torch.float32
     target = head = None
@@ -349,9 +304,12 @@ def train(c: TrainConfig) -> dict:
     cfg = drafter_config(shape, vocab, aux, c)
     drafter = build_drafter(embed, lm_head, vocab, cfg, c.init_lm_head and ckpt is None and not c.init, device)
     if start_from is not None and ckpt is None:   # onto the target's head: the layers only
-        keep = WEIGHT_NAMES - ({"lm_head.weight", "d2t", "t2d"} if c.shared_head else set())
+        keep = weight_names(cfg) - ({"lm_head.weight", "d2t", "t2d"} if c.shared_head else set())
         drafter.load_state_dict({k: v for k, v in trainable_state(start_from).items() if k in keep}, strict=False)
-    model = TTTModel(drafter, c.ttt_length, c.step_weight)
+    # fc_norm new to this drafter (not resumed, not in --init): its norms start at each captured
+    # state's RMS on the first batch, so fc first sees inputs at the scale it was trained on
+    calibrate = c.fc_norm and ckpt is None and not (start_from is not None and start_from.config.fc_norm)
+    model = TTTModel(drafter, c.ttt_length, c.step_weight, loss=c.loss, lk_eta=c.lk_eta)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=cuda)
     start, trained_before = 0, 0.0
@@ -406,7 +364,12 @@ def train(c: TrainConfig) -> dict:
                 g["lr"] = lr
             for a in range(c.grad_accum):
                 with torch.no_grad(), autocast:
-                    ids, mask, aux, logits, epoch = source.get((step * c.grad_accum + a) * d.world + d.rank)
+                    micro = (step * c.grad_accum + a) * d.world + d.rank
+                    ids, mask, aux, logits, epoch = source.get(micro)
+                    aux = feature_noise(aux, c.feature_noise, c.seed, micro)
+                    if calibrate:
+                        calibrate_fc_norm(drafter, aux, mask)
+                        calibrate = False
                     p, in_vocab = target_draft_probs(logits, used, t2d)
                     del logits   # full-vocab: large for big vocabularies, not needed any more
                 tokens += int(mask.sum())

@@ -7,10 +7,23 @@ the step-0 keys of positions 0..i (causal) and, from every step 1..k, only the k
 own position i (the diagonal) — exactly the cache a chain draft from position i builds
 (engine/draft_tree.draft_chain writes step j at slot base + j - 1).
 
-Loss at step k: soft cross-entropy against the target's next-token distribution (logits at
-position i + 1 + k) restricted to the draft vocabulary and renormalised, on positions whose
-predicted token is an assistant token and whose target argmax is in the draft vocabulary
-(the drafter cannot propose anything else). Steps are weighted `step_weight ** k`.
+Loss at step k, against the target's next-token distribution p (logits at position i + 1 + k)
+restricted to the draft vocabulary and renormalised, on positions whose predicted token is an
+assistant token and whose target argmax is in the draft vocabulary (the drafter cannot propose
+anything else); steps are weighted `step_weight ** k`. `position_loss` gives three:
+- kl (EAGLE-3's): soft cross-entropy -sum_v p_v log q_v (forward KL plus p's entropy);
+- lk-alpha: -log alpha, alpha = sum_v min(p_v, q_v), the probability that speculative sampling
+  accepts a token drafted from q (LK losses, arXiv 2602.23881);
+- lk-lambda: lambda * KL(p || q) + (1 - lambda) * (1 - alpha), lambda = exp(-eta * alpha) with
+  alpha held constant (no gradient through the weight): KL's strong gradient while the drafter is
+  far off, acceptance itself once it is close (the paper's hybrid; eta 3 its best).
+The paper's alpha is over the target's whole vocabulary; here p is renormalised over the draft
+vocabulary, as the kl loss has always taken it, so alpha is the acceptance of a drafter that
+proposes draft-vocabulary tokens only, on positions whose target argmax it can propose.
+
+`feature_noise` adds uniform noise to the captured target states the drafter reads, as vLLM
+speculators trains (0.05 there), from a generator seeded by the run's seed and the micro-batch,
+so a resumed run draws the same noise.
 """
 from __future__ import annotations
 
@@ -20,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from drafter.train_config import LOSSES
 from models.eagle3 import Eagle3Drafter
 from models.layers import AttnInputs
 
@@ -58,6 +72,47 @@ def soft_cross_entropy(logits: torch.Tensor, target_p: torch.Tensor, mask: torch
     ce = -(target_p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
     mask = mask.to(ce.dtype)
     return (ce * mask).sum(), mask.sum()
+
+
+def position_loss(logits: torch.Tensor, target_p: torch.Tensor, mask: torch.Tensor, kind: str = "kl",
+              eta: float = 3.0):
+    """(sum over masked positions of the per-position loss, number of masked positions)."""
+    if kind == "kl":
+        return soft_cross_entropy(logits, target_p, mask)
+    logq = F.log_softmax(logits.float(), dim=-1)
+    alpha = torch.minimum(target_p, logq.exp()).sum(-1)
+    if kind == "lk-alpha":
+        per = -torch.log(alpha.clamp_min(1e-6))
+    elif kind == "lk-lambda":
+        kl = (target_p * (torch.log(target_p.clamp_min(1e-30)) - logq)).sum(-1)
+        lam = torch.exp(-eta * alpha.detach())
+        per = lam * kl + (1 - lam) * (1 - alpha)
+    else:
+        raise ValueError(f"loss {kind!r}: choose one of {', '.join(LOSSES)}")
+    mask = mask.to(per.dtype)
+    return (per * mask).sum(), mask.sum()
+
+
+def feature_noise(aux: torch.Tensor, amount: float, seed: int, micro: int) -> torch.Tensor:
+    """aux + U(-amount, amount), drawn from a generator seeded by (seed, micro-batch); aux itself
+    when amount is 0 (no random numbers drawn)."""
+    if amount <= 0:
+        return aux
+    g = torch.Generator(device=aux.device)
+    g.manual_seed(seed * 1_000_003 + micro)
+    noise = torch.rand(aux.shape, generator=g, device=aux.device, dtype=torch.float32)
+    return aux + ((2 * noise - 1) * amount).to(aux.dtype)
+
+
+@torch.no_grad()
+def calibrate_fc_norm(drafter: Eagle3Drafter, aux: torch.Tensor, mask: torch.Tensor) -> None:
+    """Set each fc_norm weight to its captured state's RMS over the batch's tokens, so that
+    fc_norm(x) is x up to each token's own scale and a drafter trained without fc_norm starts
+    where it was."""
+    parts = aux.float().chunk(drafter.config.num_aux, dim=-1)
+    keep = mask.bool() if mask.any() else torch.ones_like(mask, dtype=torch.bool)
+    for norm, x in zip(drafter.fc_norm, parts):
+        norm.weight.fill_(float(x[keep].pow(2).mean().sqrt()))
 
 
 @dataclass
@@ -146,11 +201,16 @@ def unroll(drafter: Eagle3Drafter, input_ids: torch.Tensor, aux_hidden: torch.Te
 class TTTModel(nn.Module):
     """The drafter unrolled over `length` steps; one forward = the whole unroll (one DDP call)."""
 
-    def __init__(self, drafter: Eagle3Drafter, length: int = 7, step_weight: float = 0.8):
+    def __init__(self, drafter: Eagle3Drafter, length: int = 7, step_weight: float = 0.8, loss: str = "kl",
+                 lk_eta: float = 3.0):
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss {loss!r}: choose one of {', '.join(LOSSES)}")
         self.drafter = drafter
         self.length = length
         self.step_weight = step_weight
+        self.loss = loss
+        self.lk_eta = lk_eta
 
     def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, aux_hidden: torch.Tensor,
                 target_p: torch.Tensor, in_vocab: torch.Tensor) -> tuple[torch.Tensor, TTTStats]:
@@ -171,7 +231,7 @@ class TTTModel(nn.Module):
             lm = loss_mask[:, 2 + k:2 + k + m].bool()
             use = lm & in_vocab[:, 1 + k:1 + k + m]
             logits = out.logits[:, :m]
-            s, c = soft_cross_entropy(logits, p, use)
+            s, c = position_loss(logits, p, use, self.loss, self.lk_eta)
             step_loss = s / c.clamp_min(1)
             total = total + self.step_weight ** k * step_loss
             with torch.no_grad():

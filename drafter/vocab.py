@@ -1,4 +1,4 @@
-"""Draft vocabulary: the N target ids the drafter can propose (DESIGN §2).
+"""Draft vocabulary: the N target ids the drafter can propose.
 
 Count token ids where the loss mask is 1 (what the target actually generates), keep the
 top N, sort ascending. `d2t[i] = used[i] - i` (draft id -> target id offset) and

@@ -6,6 +6,12 @@ hidden branch. The output hidden state (before the final norm) is fed back as th
 step's hidden input. lm_head scores the draft vocabulary; `d2t` maps draft ids to target ids.
 A drafter with `shared_head` has no lm_head of its own: it borrows the target's (full
 vocabulary, frozen, never saved), as EAGLE-1/2 did and as SGLang and vLLM serve it.
+
+EAGLE-3.1 (arXiv 2605.09992), two options SGLang and vLLM read from config.json:
+- `fc_norm`: an RMSNorm of its own on each captured target state before fc (`fc_norm.{i}`), so
+  the three layers' very different scales reach fc normalised;
+- `norm_output`: the hidden state fed back to the next draft step is the final-normed one (the
+  state lm_head reads), not the pre-norm residual stream.
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ class Eagle3Config:
     max_position_embeddings: int = 2048
     num_aux: int = 3
     shared_head: bool = False   # lm_head is the target's, borrowed at load (draft_vocab_size == vocab_size)
+    fc_norm: bool = False       # EAGLE-3.1: RMSNorm per captured state before fc
+    norm_output: bool = False   # EAGLE-3.1: feed back the final-normed hidden state
 
 
 class Eagle3Layer(nn.Module):
@@ -67,6 +75,9 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.embed_tokens.weight.requires_grad_(False)  # frozen: the target's embedding
         self.fc = Linear(config.num_aux * config.target_hidden_size, h, bias=False)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(config.target_hidden_size, config.rms_norm_eps)
+                                         for _ in range(config.num_aux))
         self.midlayer = Eagle3Layer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = Linear(h, config.draft_vocab_size, bias=False)
@@ -87,7 +98,7 @@ class Eagle3Drafter(nn.Module):
         so a forward that writes T positions' keys and values scores one (lm_head is about half
         the drafter's weights)."""
         if hidden.shape[-1] != self.config.hidden_size:
-            hidden = self.fc(hidden)
+            hidden = self.fuse(hidden)
         if inputs is not None:
             positions = inputs.positions
         elif positions is None:
@@ -97,7 +108,16 @@ class Eagle3Drafter(nn.Module):
         out = self.midlayer(emb, hidden, cos, sin, inputs)
         if logits_at is not None:
             out = torch.gather(out, 1, logits_at.unsqueeze(-1).expand(-1, -1, out.shape[-1]))
-        return DraftOutput(logits=self.lm_head(self.norm(out)), hidden=out)
+        normed = self.norm(out)
+        return DraftOutput(logits=self.lm_head(normed), hidden=normed if self.config.norm_output else out)
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[..., num_aux * H_target] captured target states -> [..., H]: fc, after each state's
+        own RMSNorm with fc_norm."""
+        if self.config.fc_norm:
+            parts = aux.chunk(self.config.num_aux, dim=-1)
+            aux = torch.cat([norm(x) for norm, x in zip(self.fc_norm, parts)], dim=-1)
+        return self.fc(aux)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

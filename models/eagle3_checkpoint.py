@@ -10,6 +10,10 @@ A drafter that borrows the target's lm_head (`shared_head`) carries no lm_head e
 config no `draft_vocab_size`: that absence is what makes SGLang load the target's head (with the
 field, even at the full vocabulary, SGLang keeps a random head), and vLLM borrows the target's head
 when the checkpoint has none (vLLM PR #28549 on).
+EAGLE-3.1 drafters (`fc_norm`, `norm_output`: models/eagle3.py) add those keys to config.json
+(true, absent when off) and, with fc_norm, the weights `fc_norm.{i}.weight` (one per captured
+state, in fc's block order), the names and keys SGLang's and vLLM's EAGLE-3 models read;
+`use_aux_norm` is read as fc_norm's older name. `norm_before_residual` (vLLM only) is refused.
 Kimi drafters also come with MLA attention (SGLang/vLLM `Eagle3DeepseekV2ForCausalLM`):
 recognised by the checks, served by SGLang and vLLM only.
 """
@@ -28,10 +32,12 @@ from models.safetensors_io import load_state_dict, save_state_dict, weight_files
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")  # vLLM aliases V3 to V2
-# EAGLE-3.1 config flags SGLang (kimi_k25_eagle3.py) and vLLM (deepseek_eagle3.py) read: fc_norm (an
-# RMSNorm per aux state before fc; use_aux_norm is its older name), norm_output (the post-norm
-# state fed back), norm_before_residual. The native engine implements none of them.
+# EAGLE-3.1 config flags SGLang (llama_eagle3.py, kimi_k25_eagle3.py) and vLLM (llama_eagle3.py,
+# deepseek_eagle3.py) read: fc_norm (an RMSNorm per aux state before fc; use_aux_norm is its older
+# name), norm_output (the post-norm state fed back), norm_before_residual (vLLM). The native
+# engine runs the first three (NATIVE_EAGLE31_OPTIONS).
 EAGLE31_OPTIONS = ("fc_norm", "use_aux_norm", "norm_output", "norm_before_residual")
+NATIVE_EAGLE31_OPTIONS = ("fc_norm", "use_aux_norm", "norm_output")
 WEIGHTS_FILE = "model.safetensors"
 WEIGHT_NAMES = frozenset({
     *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
@@ -39,6 +45,11 @@ WEIGHT_NAMES = frozenset({
     *(f"midlayer.{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm")),
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
 })
+
+
+def weight_names(c: Eagle3Config) -> frozenset[str]:
+    """The checkpoint's tensors for this config: WEIGHT_NAMES, and fc_norm's with fc_norm."""
+    return WEIGHT_NAMES | {f"fc_norm.{i}.weight" for i in range(c.num_aux if c.fc_norm else 0)}
 
 
 def config_to_hf(c: Eagle3Config, serving_engine: str = "sglang-llama") -> dict:
@@ -61,6 +72,8 @@ def config_to_hf(c: Eagle3Config, serving_engine: str = "sglang-llama") -> dict:
         "max_position_embeddings": c.max_position_embeddings,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
+        **({"fc_norm": True} if c.fc_norm else {}),
+        **({"norm_output": True} if c.norm_output else {}),
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": serving_ids_for(serving_engine, c.aux_layer_ids),
             "use_aux_hidden_state": True,
@@ -103,6 +116,7 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> Eagle3Config:
         aux_layer_ids=aux, rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=cfg.get("rope_theta", 10000.0), rope_scaling=cfg.get("rope_scaling"),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048), shared_head=shared_head,
+        fc_norm=bool(cfg.get("fc_norm") or cfg.get("use_aux_norm")), norm_output=bool(cfg.get("norm_output")),
     )
 
 
@@ -135,11 +149,14 @@ def save_drafter(model: Eagle3Drafter, path: str | Path, *, dtype=torch.bfloat16
     if extra:
         cfg["specserve"].update(extra)
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    state = {k: v for k, v in model.state_dict().items() if k in WEIGHT_NAMES}
+    state = {k: v for k, v in model.state_dict().items() if k in weight_names(model.config)}
     if model.config.shared_head:
         del state["lm_head.weight"]   # the target's: borrowed at load
     blocks = state["fc.weight"].chunk(len(ids), dim=1)
     state["fc.weight"] = torch.cat([blocks[k] for k in order], dim=1)
+    if model.config.fc_norm:   # each norm goes with its fc block
+        norms = [state[f"fc_norm.{k}.weight"] for k in range(len(ids))]
+        state.update({f"fc_norm.{i}.weight": norms[k] for i, k in enumerate(order)})
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     if model.config.draft_vocab_size == model.config.vocab_size:
         if state["d2t"].any():
@@ -160,11 +177,16 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, lm_head
     cfg = json.loads(cfg_file.read_text())
     if ARCHITECTURE not in (cfg.get("architectures") or []):
         raise ValueError(f"{cfg_file}: architectures {cfg.get('architectures')} lacks {ARCHITECTURE!r}")
+    if cfg.get("norm_before_residual"):
+        raise ValueError(f"{cfg_file}: norm_before_residual (a vLLM EAGLE-3 option) is not served by the native "
+                         f"engine")
     config = config_from_hf(cfg, str(cfg_file))
     state = load_state_dict(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}
     if "midlayer.self_attn.q_proj.weight" not in state and "layers.0.self_attn.q_proj.weight" in state:
         state = {k.replace("layers.0.", "midlayer."): v for k, v in state.items()}
+    legacy = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+    state = {legacy.get(k.split(".")[0], k.split(".")[0]) + k[len(k.split(".")[0]):]: v for k, v in state.items()}
     state.pop("embed_tokens.weight", None)
     if "d2t" not in state:  # draft vocab == full vocab
         state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
@@ -174,8 +196,9 @@ def load_drafter(path: str | Path, embed_tokens: torch.Tensor | None, *, lm_head
         raise ValueError(f"{path}: {mismatch}")
     if config.shared_head:
         state["lm_head.weight"] = torch.zeros(config.vocab_size, config.hidden_size) if lm_head is None else lm_head
-    unknown = set(state) - WEIGHT_NAMES
-    missing = WEIGHT_NAMES - set(state)
+    names = weight_names(config)
+    unknown = set(state) - names
+    missing = names - set(state)
     if unknown or missing:
         raise ValueError(f"{path}: unexpected weights {sorted(unknown)}, missing weights {sorted(missing)}")
     if embed_tokens is None:

@@ -1,4 +1,4 @@
-"""`drafter inspect/compare`: parameter counts of the Kimi-K2 drafter shape (DESIGN §1) and of the
+"""`drafter inspect/compare`: parameter counts of the Kimi-K2 drafter shape and of the
 Kimi-K2.5 MLA drafter shape, and the aux-layer capture check across engines: what training
 captured is recorded, or follows from the recorded capture engine (a drafter whose features came
 through SGLang itself fits SGLang as configured), or is flagged as an assumption."""
