@@ -19,10 +19,10 @@ cpu-vllm-deepseek's. Training captures the outputs of layers 2, 4 and 6, spread 
 as Kimi-K2.5's [2, 30, 58] are over its 61.
 
     .venv/bin/python -m shipped.deepseek_tiny.loop --out runs/deepseek_tiny_loop \
-        --results benchmarks/results/deepseek_tiny_loop --ship shipped/deepseek_tiny/drafter
+        --results benchmarks/results/2026-12-cpu-deepseek-tiny-vllm-loop --ship shipped/deepseek_tiny/drafter
 
 writes <out>/result.json (and copies it, the training log and the vLLM export where asked);
-benchmarks/results/deepseek_tiny_loop/README.md has the committed run. tests/test_deepseek_tiny_loop.py
+benchmarks/results/2026-12-cpu-deepseek-tiny-vllm-loop/ has the committed run. tests/test_deepseek_tiny_loop.py
 runs the same functions at a smaller size.
 """
 from __future__ import annotations
