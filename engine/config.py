@@ -185,10 +185,14 @@ class NativeConfig:
     cpu_threads: StrictInt = Field(0, ge=0, description="CPU intra-op threads (0: every core, at most 8)")
     compile: StrictBool = Field(False, description="torch.compile the decode steps (fused kernels; compiling "
                                                    "takes a minute or more per batch size)")
-    compile_max_batch: StrictInt = Field(1, ge=0, description="with compile: batch sizes compiled before serving "
-                                                              "(0: none, nor any CUDA graph; larger ones compile "
-                                                              "on first use; without compile a GPU captures every "
-                                                              "batch size)")
+    compile_max_batch: StrictInt = Field(1, ge=0, description="with compile: batch sizes compiled at start (0: none, "
+                                                              "nor any CUDA graph); larger ones compile on first use "
+                                                              "with compile_before_ready, else stay eager; without "
+                                                              "compile a GPU captures every batch size")
+    compile_before_ready: StrictBool = Field(True, description="with compile: compile before /health turns ready "
+                                                               "(false: serve eager steps at once while a process "
+                                                               "of its own compiles them, each compiled step taking "
+                                                               "over between two engine steps)")
     prefill_graphs: StrictBool = Field(False, description="GPU: prefill each prompt of up to 256 tokens as a "
                                                           "captured CUDA graph (compiled with compile), groups of "
                                                           "up to 8 one prompt at a time (padded to a power of "
