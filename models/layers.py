@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,9 @@ import torch.nn.functional as F
 
 from models.cpu_forms import CpuForms, few_rows_cpu, onednn_linear
 from models.q4_linear import Q4Linear
+
+# GPU greedy speculation that repeats plain decoding's tokens in bfloat16 (set_consistent_kernels).
+CONSISTENT_KERNELS_ENV = "SPECSERVE_CONSISTENT_KERNELS"
 
 
 class RMSNorm(nn.Module):
@@ -131,7 +135,8 @@ class Linear(nn.Linear):
     fastest on this processor for their row count, compiled ones oneDNN where F.linear lost at
     every count (models/cpu_forms.py; the engine sets the choice at load).
     """
-    gemv_as_reduction = True  # class-wide switches, so benchmarks can time both side by side
+    # Class-wide switches, so benchmarks can time both side by side; off with consistent kernels.
+    gemv_as_reduction = os.environ.get(CONSISTENT_KERNELS_ENV, "0") != "1"
     cpu_forms = CpuForms()    # F.linear at every row count until the engine measures this CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,6 +254,17 @@ class Attention(nn.Module):
         t = q.shape[2]   # symbolic (not an int) in a compiled prefill of dynamic width: that keeps SDPA
         return (q.is_cuda and torch.compiler.is_compiling() and type(t) is int
                 and t <= self.WRITTEN_OUT_MAX_QUERIES)
+
+
+def set_consistent_kernels(on: bool) -> None:
+    """One-token steps take the kernels verify steps take: every product through F.linear (cuBLAS)
+    instead of inductor's GEMV reductions for one row, attention through SDPA, so that in bfloat16
+    a verify step's rows can round as plain steps' rows do and greedy speculation repeat plain
+    decoding's tokens; one-token steps lose the tuned GEMV. Set before compiling; the engine process
+    reads SPECSERVE_CONSISTENT_KERNELS=1 at import (a profile's [env] table sets it)."""
+    Linear.gemv_as_reduction = not on
+    if on:
+        Attention.form = "sdpa"
 
 
 def traced_switches() -> dict:
