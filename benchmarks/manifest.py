@@ -121,11 +121,13 @@ def torch_version() -> str | None:
     return torch.__version__
 
 
-def invocation() -> str:
-    """This process's command line as typed: `python -m MODULE ARGS` for a module, else `python SCRIPT ARGS`."""
+def typed_command(argv: list[str] | None = None) -> str:
+    """The command that made a result: as typed when a benchmark runs from the command line; called
+    from other code (a test) with `argv`, `python -m benchmarks` and those arguments."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    head = ["python", "-m", spec.name] if spec is not None and spec.name else ["python", sys.argv[0]]
-    return " ".join(shlex.quote(a) for a in head + sys.argv[1:])
+    if argv is None or (spec is not None and spec.name.startswith("benchmarks")):
+        return " ".join(shlex.quote(a) for a in ["python", *sys.orig_argv[1:]])
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks", *argv])
 
 
 def manifest(claim: str, command: str | None = None, **extra) -> dict:
@@ -133,7 +135,7 @@ def manifest(claim: str, command: str | None = None, **extra) -> dict:
     head, dirty = commit()
     return {"claim": claim, "commit": head, "dirty": dirty, "hardware": hardware(),
             "torch": torch_version(), "python": platform.python_version(),
-            "command": command if command is not None else invocation(),
+            "command": command if command is not None else typed_command(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
 
 

@@ -4,7 +4,7 @@ Why graphs: timed from a host loop, decode-sized all-reduces on 2x H200 cost abo
 every setting, because kernel launch overhead hides the differences (the host-loop columns of
 its report). Decode runs captured in CUDA graphs, so the number that
 matters is the per-all-reduce time of many all-reduces captured in ONE graph and replayed as the
-engine replays its steps (benchmarks/timing.time_ms: default 100 per graph, the median of 5
+engine replays its steps (benchmarks/timing.py time_ms: default 100 per graph, the median of 5
 rounds of 20 back-to-back replays, so rank skew only delays a round's first replay). The CPU
 dry run times the same all-reduces eagerly with gloo.
 
@@ -15,8 +15,11 @@ Message sizes are hidden x tokens x 2 bytes (bf16): tokens in flight at batch 1 
 verify. The fastest P2P setting (and the fastest P2P-disabled one, for PCIe-like machines)
 is written as a launch-profile fragment ([env] table).
 
-  python -m benchmarks.nccl_sweep --nproc 2                 # 2 GPUs, ~3 min for 19 combinations
-  python -m benchmarks.nccl_sweep --dry-run --max-combos 2  # CPU smoke test (gloo, no graphs)
+  python -m benchmarks nccl --nproc 2                        # 2 GPUs, ~3 min for 19 combinations
+  python -m benchmarks nccl --dry-run --only default         # CPU smoke test (gloo, no graphs)
+
+`nccl decode` is batch-1 decode with the target tensor-parallel, NCCL end to end
+(benchmarks/tensor_parallel.py; `torchrun --nproc-per-node 2 -m benchmarks nccl decode --help`).
 """
 from __future__ import annotations
 
@@ -25,17 +28,17 @@ import itertools
 import math
 import os
 import queue as queue_mod
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
+from benchmarks.manifest import _nvidia_smi
+from benchmarks.report import md_table, provenance, write_result
 from benchmarks.server_proc import free_port
 from benchmarks.timing import time_ms
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results" / "nccl"
 BASE_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"}
 SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE")
 PROTOS, ALGOS, P2P_LEVELS = ("LL", "LL128", "Simple"), ("Ring", "Tree"), ("NVL", "SYS")
@@ -198,24 +201,10 @@ def _kb(b: int) -> str:
     return f"{b / 1024:.0f} KB" if b < 1 << 20 else f"{b / (1 << 20):.2f} MB"
 
 
-def plot(results: list[ComboResult], path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, r in enumerate(results):
-        pts = [(x["bytes"] / 1024, x["us"]) for x in r.rows if x["us"]]
-        if pts:
-            ax.plot(*zip(*pts), marker=".", ls=":" if r.p2p_disabled else "-", color=plt.cm.tab20(i % 20),
-                    lw=2.5 if r.label == "default" else 1, label=r.label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message KB")
-    ax.set_ylabel("us per all-reduce")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    ax.set_title(title)
-    return save_figure(fig, path)
-
-
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | None:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["decode"]:
+        from benchmarks.tensor_parallel import main as decode
+        return decode((sys.argv[1:] if argv is None else argv)[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU)")
     ap.add_argument("--hidden", type=int, default=7168)
@@ -224,11 +213,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--replays", type=int, default=20, help="back-to-back replays per timed round (5 rounds)")
     ap.add_argument("--no-p2p-disable", action="store_true", help="skip the NCCL_P2P_DISABLE=1 combinations")
     ap.add_argument("--only", help="comma list of combination labels to run (e.g. 'default,LL/Ring/P2P SYS')")
-    ap.add_argument("--max-combos", type=int, default=0, help="run only the first N combinations (smoke tests)")
     ap.add_argument("--combo-timeout", type=float, default=45.0, help="seconds before a hung combination is killed")
     ap.add_argument("--dry-run", action="store_true", help="CPU smoke mode: gloo, no CUDA graphs")
     ap.add_argument("--name", help="output stem (default <nproc>x<gpu>)")
-    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--out-dir", default="runs/nccl")
     args = ap.parse_args(argv)
 
     cfg = SweepConfig(hidden=args.hidden, tokens=tuple(int(t) for t in args.tokens.split(",")),
@@ -237,12 +225,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.only:
         want = [w.strip() for w in args.only.split(",")]
         combos = [c for c in combos if c.label in want]
-    if args.max_combos:
-        combos = combos[:args.max_combos]
     import multiprocessing as mp
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])  # import once; CUDA starts in each child
-    name = args.name or f"{args.nproc}x{'cpu-dry-run' if args.dry_run else _gpu_name()}"
+    gpus = [] if args.dry_run else _nvidia_smi()
+    name = args.name or f"{args.nproc}x" + (gpus[0]["name"].replace("NVIDIA ", "").replace(" ", "-") if gpus
+                                            else "cpu-dry-run" if args.dry_run else "gpu")
 
     t0, results = time.time(), []
     for i, combo in enumerate(combos):
@@ -267,19 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
             frag = out / f"{name}-{tag.replace('_', '-')}.toml"
             frag.write_text(fragment(b, note, header))
             result[tag] = {"label": b.label, "env": b.env, "score_us": score(b), "fragment": str(frag)}
-    plot(results, out / f"{name}.png", f"all-reduce latency, {args.nproc} ranks ({name})")
     write_result(out / f"{name}.json", result, markdown(result, results))
     return result
-
-
-def _gpu_name() -> str:
-    try:
-        import subprocess
-        n = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=20).stdout.splitlines()[0]
-        return n.replace("NVIDIA ", "").replace(" ", "-")
-    except Exception:  # no nvidia-smi, no GPU: a generic name
-        return "gpu"
 
 
 if __name__ == "__main__":

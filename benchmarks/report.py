@@ -3,22 +3,16 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 import time
 from pathlib import Path
+
+from benchmarks.manifest import typed_command
 
 
 def provenance(argv: list[str] | None = None) -> dict:
     """Who/when/how a result was made, so a committed JSON says its own command."""
     return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
-            "python": platform.python_version(),
-            "command": " ".join(["python", "-m", _module_name()] + list(sys.argv[1:] if argv is None else argv))}
-
-
-def _module_name() -> str:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return spec.name if spec is not None and spec.name else Path(sys.argv[0]).stem
+            "python": platform.python_version(), "command": typed_command(argv)}
 
 
 def write_json(path: Path, data) -> Path:

@@ -44,34 +44,6 @@ def _event_ms(run) -> float:
     return start.elapsed_time(end)
 
 
-def captured_us(fn, calls: int = 100, replays: int = 20) -> float:
-    """GPU microseconds per call of `fn`, captured `calls` times in one CUDA graph (so no launch is
-    timed, not even the graph's own), the median of `replays` replays: for kernels of a few
-    microseconds, where one replay's launch would be a large part of a graph of one call."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return statistics.median(_event_ms(graph.replay) * 1000 / calls for _ in range(replays))
-
-
-def eager_cuda_ms(fn, warmup: int = 3, iters: int = 10, rounds: int = 5) -> float:
-    """Median milliseconds per call of `fn` run eagerly on the GPU (CUDA events around `iters`
-    calls, median of `rounds`): for work a CUDA graph cannot hold, such as a backward pass and an
-    optimizer step."""
-    for _ in range(warmup):
-        fn()
-
-    def calls():
-        for _ in range(iters):
-            fn()
-
-    return statistics.median(_event_ms(calls) / iters for _ in range(rounds))
-
-
 def copy_bandwidth(gib: int = 4) -> float:
     """Bytes read + written per second by a device-to-device copy of `gib` GiB on the current GPU."""
     src = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from benchmarks import batch_sweep, cost_model
+from benchmarks import batch_sweep
+from benchmarks import costs as cost_model
 from engine.config import parse_steps_table
 from launch.auto_steps import auto_setting
 from launch.profiles import resolve
@@ -50,6 +51,10 @@ def test_sweep_writes_the_table_steps_auto_serves(tmp_path):
     sweep = cost_model.batch_one(result)
     assert [(r["steps"], r["topk"]) for r in sweep["rows"]] == [(0, 0), (2, 2), (2, 1), (1, 1), (0, 0)]  # conc. 1
     assert set(cost_model.acceptance_curve(sweep)) == {1, 2} and cost_model.reply_tokens(sweep) > 0
+
+    rows = batch_sweep.main(["best", "--sweep", f"tiny={out}", "--out", str(tmp_path / "best")])
+    assert [r["concurrency"] for r in rows] == [1, 2] and (tmp_path / "best.png").stat().st_size > 0
+    assert "| call |" in (tmp_path / "best.md").read_text()
 
 
 def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):

@@ -1,22 +1,22 @@
 """The serving load generator runs against our server and writes its report: JSON with
-vLLM-style latency summaries, accept length from responses and from /metrics deltas, markdown
-and a PNG. Timings are never checked, only shapes and counts."""
+vLLM-style latency summaries, accept length from responses and from /metrics deltas, and
+markdown. Timings are never checked, only shapes and counts."""
 import json
 import math
 
 import pytest
 
-from benchmarks import prom_text, serving
+from benchmarks import serving
 
 
 def test_prometheus_deltas():
-    before = prom_text.parse_totals('# HELP x\nspecserve_spec_verify_steps_total{model="a"} 10\n'
+    before = serving.parse_totals('# HELP x\nspecserve_spec_verify_steps_total{model="a"} 10\n'
                                     'specserve_spec_accepted_tokens_total{model="a"} 15\n')
-    after = prom_text.parse_totals('specserve_spec_verify_steps_total{model="a"} 20\n'
+    after = serving.parse_totals('specserve_spec_verify_steps_total{model="a"} 20\n'
                                    'specserve_spec_verify_steps_total{model="b"} 10\n'
                                    'specserve_spec_accepted_tokens_total{model="a"} 45\n')
-    assert prom_text.accept_length_from_deltas(prom_text.deltas(before, after)) == pytest.approx(1 + 30 / 20)
-    assert prom_text.accept_length_from_deltas({}) is None
+    assert serving.accept_length_from_deltas(serving.deltas(before, after)) == pytest.approx(1 + 30 / 20)
+    assert serving.accept_length_from_deltas({}) is None
 
 
 def test_arrivals():
@@ -28,7 +28,7 @@ def test_arrivals():
 def test_report_against_the_real_server(tmp_path):
     """The live specserve server (tiny target + fitted drafter, 3 steps): every request
     completes, usage and /metrics agree on the tokens and the accept length, and the report
-    has vLLM's latency summaries, a markdown table and a plot."""
+    has vLLM's latency summaries and a markdown table."""
     from tests.server_harness import CHAT_PROMPTS, COMPLETION_PROMPTS, MAX_TOKENS, spec_server
     server = spec_server()
     prompts = tmp_path / "prompts.jsonl"  # chat and text prompts the harness drafter was fitted on
@@ -38,7 +38,7 @@ def test_report_against_the_real_server(tmp_path):
     result = serving.main(["--base-url", server.url, "--prompts", str(prompts), "--num-prompts", "5", "--warmup", "1",
                            "--max-tokens", str(MAX_TOKENS), "--max-concurrency", "2", "--request-rate", "200",
                            "--out-dir", str(tmp_path), "--name", "live"])
-    for ext in ("json", "md", "png"):
+    for ext in ("json", "md"):
         assert (tmp_path / f"live.{ext}").stat().st_size > 0
     saved = json.loads((tmp_path / "live.json").read_text())
     s = saved["summary"]
@@ -47,8 +47,8 @@ def test_report_against_the_real_server(tmp_path):
         assert set(s[key]) >= {"mean", "median", "p99"}
     assert all(len(r["itl"]) == r["chunks"] - 1 and r["chunks"] <= r["output_tokens"] for r in saved["requests"])
     d = s["metrics_deltas"]
-    assert d[prom_text.GENERATION] == s["total_output_tokens"] == sum(r["output_tokens"] for r in saved["requests"])
-    assert s["accept_length_metrics"] == pytest.approx(1 + d.get(prom_text.ACCEPTED, 0) / d[prom_text.VERIFY_STEPS])
+    assert d[serving.GENERATION] == s["total_output_tokens"] == sum(r["output_tokens"] for r in saved["requests"])
+    assert s["accept_length_metrics"] == pytest.approx(1 + d.get(serving.ACCEPTED, 0) / d[serving.VERIFY_STEPS])
     assert s["accept_length_responses"] > 1.5  # the fitted drafter is accepted
     assert "TPOT" in (tmp_path / "live.md").read_text()
     assert result["provenance"]["command"].startswith("python -m")

@@ -5,15 +5,17 @@ request alone, running/waiting gauges back to 0 (no KV-slot leak), and the serve
 memory flat from round 2 to round 4 (< 5 % growth). Then the same with a third of the requests
 sampled and a tenth of the clients hanging up mid-stream.
 
-The same check on the shipped pair is benchmarks/reliability_load.py."""
+The same check on a profile: `python -m benchmarks serve --profile cpu-default --check 4 ...`."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import reliability_load as rl
-from benchmarks.report import provenance
+from benchmarks import serving
 from benchmarks.server_proc import wait_healthy
 from tests import server_harness as h
+
+RECORDS = [{"prompt": p} for p in h.COMPLETION_PROMPTS] + [
+    {"messages": [{"role": "user", "content": c}]} for c in h.CHAT_PROMPTS]
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,7 @@ def server(tmp_path_factory):
     models = h.models()
     port = h.free_port()
     log = tmp_path_factory.mktemp("load") / "server.log"
-    proc = rl.start_server(str(models.target), str(models.draft), port, max_batch=16, log_path=log, threads=1)
+    proc = serving.start_server(port, log, str(models.target), str(models.draft), max_batch=16, threads=1)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout_s=120, output=log.read_text)
@@ -33,8 +35,8 @@ def server(tmp_path_factory):
 
 def test_200_streams_at_concurrency_32_lossless_no_slot_or_memory_leak(server):
     url, proc = server
-    items = rl.request_mix(200, [8, 16, 24], h.COMPLETION_PROMPTS, h.CHAT_PROMPTS)
-    result = rl.run(url, proc.pid, items, concurrency=32, rounds=4)
+    items = serving.requests(RECORDS, [8, 16, 24], 200, shuffle=True)
+    result = serving.check(url, proc.pid, items, concurrency=32, rounds=4)
     assert result["alone_errors"] == 0
     for r in result["rounds"]:
         assert r["errors"] == 0, r["first_error"]
@@ -46,9 +48,9 @@ def test_200_streams_at_concurrency_32_lossless_no_slot_or_memory_leak(server):
 
 def test_sampled_neighbours_and_clients_hanging_up_change_no_greedy_output_and_leak_no_slot(server):
     url, proc = server
-    items = rl.vary(rl.request_mix(120, [8, 16, 24], h.COMPLETION_PROMPTS, h.CHAT_PROMPTS), sampled=1 / 3, drop=0.1)
+    items = serving.vary(serving.requests(RECORDS, [8, 16, 24], 120, shuffle=True), sampled=1 / 3, drop=0.1)
     assert any(i.get("sampled") for i in items) and any("drop_after" in i for i in items)
-    result = rl.run(url, proc.pid, items, concurrency=32, rounds=2)
+    result = serving.check(url, proc.pid, items, concurrency=32, rounds=2)
     assert result["alone_errors"] == 0
     for r in result["rounds"]:
         assert r["errors"] == 0, r["first_error"]
@@ -56,6 +58,4 @@ def test_sampled_neighbours_and_clients_hanging_up_change_no_greedy_output_and_l
         assert r["sampled_bad"] == 0, r["first_bad_sample"]
         assert r["dropped"] > 0 and r["sampled"] > 0 and r["greedy_compared"] > 0
         assert (r["idle_running"], r["idle_waiting"]) == (0, 0), f"round {r['round']}: slots still held"
-    assert rl.passed(result)
-    report = rl.markdown({**result, "provenance": provenance()})
-    assert "| round |" in report and "Verdict: PASS" in report
+    assert result["passed"]

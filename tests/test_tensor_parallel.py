@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.tensor_parallel import check_divisible, shard_model
 from engine.decoder import BatchDecoder, SpecConfig
 from engine.masks import block_inputs
 from engine.sampling import BatchSampling
-from engine.tensor_parallel import check_divisible, shard_model
 from models.layers import fuse_projections
 from models.llama import LlamaConfig, LlamaModel
 from tests.tiny import random_drafter

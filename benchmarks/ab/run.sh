@@ -3,7 +3,7 @@
 # the same profile with --no-spec), all servers up at once and measured in turn. At each concurrency every
 # side runs back to back, and the order flips from one concurrency and one pass to the next, so the
 # machine's drift lands on every side, between adjacent runs only. Ratios are per round, then their
-# median (summary.py). The nine held-out chat prompts of prompts.jsonl (18 requests above one), 128
+# median (`python -m benchmarks ab summary`). The nine held-out chat prompts of prompts.jsonl (18 requests above one), 128
 # tokens, greedy. Servers: servers.sh. Writes OUT/manifest.json at the end (CLAIM: its claim).
 #   OUT=benchmarks/results/2026-12-cpu-epyc-smollm2-default-vs-plain/1to32 ROUNDS=2 CONC="1 2 4 8 16 32" \
 #       SIDES="table plain" bash benchmarks/ab/run.sh
@@ -64,7 +64,7 @@ for r in $(seq 1 ${ROUNDS:-4}); do
         done
     done
 done
-.venv/bin/python $HERE/summary.py $OUT "${SIDES[@]}"
+.venv/bin/python -m benchmarks ab summary $OUT "${SIDES[@]}"
 vllm=$(.venv-vllm/bin/python -c "import vllm; print(vllm.__version__)" 2>/dev/null || true)
 .venv/bin/python -m benchmarks.manifest $OUT --claim "${CLAIM:-${SIDES[*]} over HTTP at concurrency $CONC, output tok/s per round and their median ratio}" \
     --command "OUT=$OUT ROUNDS=${ROUNDS:-4} CONC=\"$CONC\" SIDES=\"${SIDES[*]}\" bash $HERE/run.sh" ${vllm:+--set vllm=$vllm}

@@ -1,0 +1,37 @@
+"""`python -m benchmarks` lists exactly its tools, runs one by name, and the A/B harness's summary
+reads the rounds it wrote (made up here: timings are never checked)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import ab
+from benchmarks.__main__ import TOOLS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_the_tool_list():
+    listed = run()
+    assert listed.returncode == 0
+    names = [line.split()[0] for line in listed.stdout.splitlines()[2:]]
+    assert names == list(TOOLS) == ["serve", "sweep", "ab", "startup", "costs", "nccl"]
+    assert run("nope").returncode == 2
+    usage = run("costs", "model", "--help")
+    assert usage.returncode == 0 and "--validate" in usage.stdout and "benchmarks costs" in usage.stdout
+
+
+def test_ab_summary_ratios_per_round(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONC", "1 2 4")
+    for r, (table, plain) in enumerate(((30.0, 10.0), (24.0, 12.0)), 1):
+        for c in (1, 2, 4):
+            for side, tok_s in (("table", table * c), ("plain", plain * c)):
+                (tmp_path / f"{side}_r{r}_c{c}.json").write_text(json.dumps(
+                    {"summary": {"output_throughput": tok_s, "decode_tok_s": {"median": tok_s}}}))
+    text = ab.summary(tmp_path, ["table", "plain"])
+    assert "| 1 | 30.0 | 10.0 |" in text and "**2.50x** (2.00-3.00)" in text
+    assert (tmp_path / "summary.md").read_text() == text and (tmp_path / "summary.png").stat().st_size > 0
