@@ -309,7 +309,7 @@ def train(c: TrainConfig) -> dict:
     # fc_norm new to this drafter (not resumed, not in --init): its norms start at each captured
     # state's RMS on the first batch, so fc first sees inputs at the scale it was trained on
     calibrate = c.fc_norm and ckpt is None and not (start_from is not None and start_from.config.fc_norm)
-    model = TTTModel(drafter, c.ttt_length, c.step_weight, loss=c.loss, lk_eta=c.lk_eta)
+    model = TTTModel(drafter, c.ttt_length, c.step_weight, loss=c.loss, lk_eta=c.lk_eta, on_policy=c.on_policy)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, fused=cuda)
     start, trained_before = 0, 0.0

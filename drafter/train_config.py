@@ -108,6 +108,9 @@ class TrainConfig:
                     "arXiv 2602.23881)", choices=LOSSES)
     lk_eta: float = opt(3.0, "objective", "eta of lk-lambda: how fast the weight moves from KL to acceptance "
                         "as acceptance grows (the paper's best: 3)")
+    on_policy: float = opt(0.0, "objective", "weight w of the on-policy loss (after Draft-OPD, arXiv 2605.29343): "
+                           "(1-w) * the teacher-forced loss + w * the loss on the states a greedy chain draft "
+                           "reaches (the drafter's accepted prefix and first rejection); 0: off (drafter/ttt.py)")
     feature_noise: float = opt(0.0, "objective", "uniform noise in [-x, x] added to the captured target states "
                                "the drafter reads (vLLM speculators trains with 0.05; 0: off); seeded by --seed "
                                "and the micro-batch")

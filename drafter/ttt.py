@@ -21,6 +21,23 @@ The paper's alpha is over the target's whole vocabulary; here p is renormalised 
 vocabulary, as the kl loss has always taken it, so alpha is the acceptance of a drafter that
 proposes draft-vocabulary tokens only, on positions whose target argmax it can propose.
 
+On-policy (`on_policy` w > 0, after Draft-OPD, arXiv 2605.29343): the loss becomes
+(1 - w) * the teacher-forced loss above + w * the same loss taken only on the states a greedy chain
+draft reaches, i.e. step k at position i counts only where the drafter's argmax at steps 0..k-1
+from i was the target's (it is the drafter's own rollout, verified by the target: its accepted
+prefix and the first rejected proposal, where the target's distribution is the feedback). Where
+this differs from the paper: (1) the rollouts are greedy and verified greedily, so on an answer the
+target wrote greedily the drafter's accepted proposals are the data's tokens and the target's
+feedback at every reached state is already in `target_p`: no extra target forward, and no states
+off the target's path, which the paper reaches by sampling proposals; (2) the target-assisted
+continuation is the data's answer (what lossless greedy speculative decoding writes), not a
+rollout generated during training on fresh prompts; (3) the paper's error-position replay restarts
+drafting after each rejection; here every position of the answer starts a chain, so the restart
+points are covered, but they are not up-weighted; (4) it mixes with teacher-forced TTT by a fixed
+weight, not by the paper's schedule. Sampled rollouts (temperature > 0) would need the target's
+distribution on draft-induced prefixes: one target forward over every position's drafted chain
+(a tree-attention verify of B x T x K tokens) per step.
+
 `feature_noise` adds uniform noise to the captured target states the drafter reads, as vLLM
 speculators trains (0.05 there), from a generator seeded by the run's seed and the micro-batch,
 so a resumed run draws the same noise.
@@ -202,7 +219,7 @@ class TTTModel(nn.Module):
     """The drafter unrolled over `length` steps; one forward = the whole unroll (one DDP call)."""
 
     def __init__(self, drafter: Eagle3Drafter, length: int = 7, step_weight: float = 0.8, loss: str = "kl",
-                 lk_eta: float = 3.0):
+                 lk_eta: float = 3.0, on_policy: float = 0.0):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss {loss!r}: choose one of {', '.join(LOSSES)}")
@@ -211,6 +228,7 @@ class TTTModel(nn.Module):
         self.step_weight = step_weight
         self.loss = loss
         self.lk_eta = lk_eta
+        self.on_policy = on_policy
 
     def forward(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, aux_hidden: torch.Tensor,
                 target_p: torch.Tensor, in_vocab: torch.Tensor) -> tuple[torch.Tensor, TTTStats]:
@@ -222,6 +240,7 @@ class TTTModel(nn.Module):
         losses, correct, counted = [zero] * steps, [zero] * steps, [zero] * steps
         hits = torch.zeros(steps, b, n, dtype=torch.bool, device=dev)
         total = zero
+        reached = torch.ones(b, n, dtype=torch.bool, device=dev)   # chains whose steps so far were all accepted
         steps_out = unroll(self.drafter, input_ids, aux_hidden, steps)
         for k, out in enumerate(steps_out):
             m = n - 1 - k                       # positions whose predicted token x_{i+2+k} exists
@@ -233,10 +252,14 @@ class TTTModel(nn.Module):
             logits = out.logits[:, :m]
             s, c = position_loss(logits, p, use, self.loss, self.lk_eta)
             step_loss = s / c.clamp_min(1)
+            if self.on_policy > 0:   # the same loss on the states a greedy chain draft reaches
+                s_on, c_on = position_loss(logits, p, use & reached[:, :m], self.loss, self.lk_eta)
+                step_loss = (1 - self.on_policy) * step_loss + self.on_policy * s_on / c_on.clamp_min(1)
             total = total + self.step_weight ** k * step_loss
             with torch.no_grad():
                 ok = use & (logits.argmax(-1) == p.argmax(-1))
                 hits[k, :, :m] = ok
+                reached = reached[:, :m] & ok
                 losses[k], correct[k], counted[k] = step_loss.detach(), ok.sum().float(), lm.sum().float()
         steps_out.close()  # restores the attention's own cache now, not at garbage collection
         with torch.no_grad():

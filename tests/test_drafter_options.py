@@ -223,7 +223,7 @@ TRAIN_FLAGS = (
     "--min-lr-ratio --warmup-steps --warmup-ratio --weight-decay --grad-clip --batch-size --length-group "
     "--grad-accum --max-length --epochs --limit-samples --max-steps --stop-at --time-limit --time-budget "
     "--save-every --keep --log-every --seed --device --no-init-lm-head --shared-head --init --resume").split()
-NEW_FLAGS = "--fc-norm --norm-output --loss --lk-eta --feature-noise".split()
+NEW_FLAGS = "--fc-norm --norm-output --loss --lk-eta --feature-noise --on-policy".split()
 
 
 def _train_parser():
@@ -281,3 +281,40 @@ def test_a_run_with_the_new_options_trains_exports_and_loads(tmp_path):
     assert d.config.fc_norm and d.config.norm_output
     assert drafter(["train", "--target", str(target), "--data", str(data), "--out", str(run), "--max-steps", "3",
                     "--resume"]) == 2   # resumed without --fc-norm: refused
+
+
+# -- on-policy -------------------------------------------------------------------------------------
+def test_on_policy_loss_counts_only_the_states_a_greedy_chain_reaches(monkeypatch):
+    """Weight 1: step 1's loss is taken where step 0 drafted the target's token, nowhere else;
+    weight 0 is the teacher-forced loss."""
+    import drafter.ttt as ttt
+    from drafter.ttt import TTTModel
+    b, t, v = 1, 6, 5
+    target_p = torch.full((b, t, v), 0.01)
+    target_p[..., 0] = 0.96                       # the target's argmax is token 0 everywhere
+    step0 = torch.zeros(b, t - 1, v)
+    step0[0, :, 0] = 5.0                          # step 0 right at positions 0, 2 and wrong at 1, 3
+    step0[0, 1, :] = torch.tensor([0.0, 5.0, 0, 0, 0])
+    step0[0, 3, :] = torch.tensor([0.0, 5.0, 0, 0, 0])
+    step1 = torch.randn(b, t - 1, v, generator=torch.Generator().manual_seed(0))
+
+    class Out:
+        def __init__(self, logits):
+            self.logits, self.hidden = logits, None
+
+    def fake_unroll(drafter, input_ids, aux_hidden, length):
+        yield Out(step0)
+        yield Out(step1)
+    monkeypatch.setattr(ttt, "unroll", fake_unroll)
+    ids, mask = torch.zeros(b, t, dtype=torch.long), torch.ones(b, t, dtype=torch.long)
+    in_vocab = torch.ones(b, t, dtype=torch.bool)
+
+    def step1_loss(w):
+        _, stats = TTTModel(torch.nn.Identity(), length=2, step_weight=1.0, on_policy=w)(
+            ids, mask, None, target_p, in_vocab)
+        return float(stats.loss[1])
+    p1 = target_p[:, 2:2 + 3]
+    every = position_loss(step1[:, :3], p1, torch.ones(1, 3, dtype=torch.bool))
+    reached = position_loss(step1[:, :3], p1, torch.tensor([[True, False, True]]))
+    assert math.isclose(step1_loss(0.0), float(every[0] / every[1]), rel_tol=1e-5)
+    assert math.isclose(step1_loss(1.0), float(reached[0] / reached[1]), rel_tol=1e-5)
