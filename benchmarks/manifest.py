@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = ("claim", "commit", "dirty", "hardware", "torch", "python", "command", "date")
 
 
-def _git(*args: str) -> str | None:
+def _run(*cmd: str) -> str | None:
+    """A command's output, or None where it is missing, fails or hangs."""
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -35,26 +36,18 @@ def _git(*args: str) -> str | None:
 
 def commit() -> tuple[str | None, bool | None]:
     """HEAD's hash and whether tracked files differ from it (None, None outside a git checkout)."""
-    head = _git("rev-parse", "HEAD")
+    head = _run("git", "rev-parse", "HEAD")
     if head is None:
         return None, None
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _run("git", "status", "--porcelain", "--untracked-files=no")
     return head, bool(status) if status is not None else None
 
 
-def _nvidia_smi() -> list[dict]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    gpus = []
-    for line in out.stdout.strip().splitlines():
-        name, driver, memory = (p.strip() for p in line.split(",", 2))
-        gpus.append({"name": name, "driver": driver, "memory": memory})
-    return gpus
+def nvidia_gpus() -> list[dict]:
+    """Every GPU's name, driver and memory as nvidia-smi reports them (none without it)."""
+    out = _run("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader") or ""
+    return [dict(zip(("name", "driver", "memory"), (p.strip() for p in line.split(",", 2))))
+            for line in out.splitlines()]
 
 
 def _cpu() -> dict:
@@ -72,13 +65,8 @@ def _cpu() -> dict:
         info["model_name"] = platform.processor() or platform.machine()
     flags = re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE)
     info["virtual"] = bool(flags and "hypervisor" in flags.group(1).split())
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        m = re.search(r"^Hypervisor vendor:\s*(.+)$", lscpu, re.MULTILINE)
-        if m:
-            info["hypervisor"] = m.group(1).strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    if m := re.search(r"^Hypervisor vendor:\s*(.+)$", _run("lscpu") or "", re.MULTILINE):
+        info["hypervisor"] = m.group(1).strip()
     return info
 
 
@@ -95,7 +83,7 @@ def cpu_string(cpu: dict) -> str:
 
 def hardware() -> dict:
     """The machine: every GPU's name, driver and memory when one is present, else the CPU."""
-    gpus = _nvidia_smi()
+    gpus = nvidia_gpus()
     if not gpus:
         try:
             import torch

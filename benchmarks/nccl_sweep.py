@@ -34,7 +34,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.manifest import _nvidia_smi
+from benchmarks.manifest import nvidia_gpus
 from benchmarks.report import md_table, provenance, write_result
 from benchmarks.server_proc import free_port
 from benchmarks.timing import time_ms
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     import multiprocessing as mp
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])  # import once; CUDA starts in each child
-    gpus = [] if args.dry_run else _nvidia_smi()
+    gpus = [] if args.dry_run else nvidia_gpus()
     name = args.name or f"{args.nproc}x" + (gpus[0]["name"].replace("NVIDIA ", "").replace(" ", "-") if gpus
                                             else "cpu-dry-run" if args.dry_run else "gpu")
 
