@@ -22,10 +22,12 @@ from drafter.cli import parser
 from drafter.train_config import TrainConfig, add_train_flags, from_args
 from drafter.ttt import feature_noise, position_loss
 from engine.decoder import BatchDecoder, SpecConfig
+from engine.loading import NativeEngineArgs, build_engine
 from engine.sampling import BatchSampling
 from models.eagle3 import Eagle3Config, Eagle3Drafter
 from models.eagle3_checkpoint import WEIGHT_NAMES, config_to_hf, load_drafter, save_drafter, vllm_drafter_dir
 from models.llama import load_target
+from tests.engine_runs import greedy_ids
 from tests.tiny import fit_drafter, make_hf_llama_target, make_target_dir, random_drafter, stdlib_texts
 
 FC_NORMS = {f"fc_norm.{i}.weight" for i in range(3)}
@@ -58,7 +60,8 @@ def decode(target, drafter, steps, prompt, n=32, fast=True):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle31")
-    target = load_target(make_target_dir(root / "target", init_std=0.2))
+    target_dir = make_target_dir(root / "target", init_std=0.2)
+    target = load_target(target_dir)
     prompts = [[int(t) for t in torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n))]
                for n in (1, 9)]
     baseline = [decode(target, None, 0, p)[0] for p in prompts]
@@ -68,14 +71,14 @@ def pair(tmp_path_factory):
     for name, d in (("random", eagle31(random_drafter(target, draft_vocab=256))), ("fitted", fitted)):
         save_drafter(d, root / name, dtype=torch.float32)   # served as loaded from disk
         drafters[name] = load_drafter(root / name, target.embed_tokens.weight)
-    return target, prompts, baseline, drafters
+    return target, prompts, baseline, drafters, root, target_dir
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["device-step", "general-step"])
 @pytest.mark.parametrize("steps", [1, 3, 4])
 @pytest.mark.parametrize("kind", ["random", "fitted"])
 def test_eagle31_drafter_is_lossless(pair, kind, steps, fast):
-    target, prompts, baseline, drafters = pair
+    target, prompts, baseline, drafters = pair[:4]
     d = drafters[kind]
     assert d.config.fc_norm and d.config.norm_output
     for prompt, expected in zip(prompts, baseline):
@@ -83,6 +86,15 @@ def test_eagle31_drafter_is_lossless(pair, kind, steps, fast):
         assert out == expected
     if kind == "fitted" and steps >= 3:
         assert 1 + sum(accepted) / len(accepted) > 1.5   # drafts were accepted, not only rejected
+
+
+def test_native_engine_serves_an_eagle31_drafter_losslessly(pair):
+    """The engine loads the exported folder itself (engine/loading.py) and answers concurrent
+    requests with the target's greedy tokens."""
+    _, prompts, baseline, _, root, target_dir = pair
+    engine = build_engine(NativeEngineArgs(model=str(target_dir), draft=str(root / "fitted"), spec=SpecConfig(3),
+                                           device="cpu", max_context=256, max_batch=2))
+    assert greedy_ids(engine, prompts, [len(b) for b in baseline]) == baseline
 
 
 def test_norm_output_feeds_back_the_normed_state():
