@@ -1,9 +1,11 @@
 """Build a NativeEngine from checkpoint paths: device and dtype choice, start-up validation."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ from pydantic import StrictStr
 from pydantic.dataclasses import dataclass
 
 from engine.api import EngineInfo
+from engine.background_compile import BackgroundCompiles
 from engine.config import CONFIG, NativeConfig, SpecConfig
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
@@ -92,7 +95,9 @@ def check_pair(target: LlamaModel, drafter: Eagle3Drafter, draft_path: str) -> N
                          f"{d.num_aux} layers of a {t.num_hidden_layers}-layer target")
 
 
-def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | None, torch.device]:
+def load_models(args: NativeEngineArgs, cpu_forms=None) -> tuple[LlamaModel, Eagle3Drafter | None, torch.device]:
+    """The pair on its device; on a CPU in float32 with the product forms measured (or kept in tuning_cache),
+    or `cpu_forms` as given (a compile worker takes the serving process's)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     if device.type == "cpu":
@@ -108,7 +113,8 @@ def load_models(args: NativeEngineArgs) -> tuple[LlamaModel, Eagle3Drafter | Non
     fuse_projections(target)
     if device.type == "cpu" and dtype == torch.float32:
         threads = torch.get_num_threads()
-        Linear.cpu_forms = kept_forms(threads, args.tuning_cache) if args.tuning_cache else measured_forms(threads)
+        Linear.cpu_forms = cpu_forms or (kept_forms(threads, args.tuning_cache) if args.tuning_cache
+                                         else measured_forms(threads))
         log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
                  "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in Linear.cpu_forms.measured),
                  Linear.cpu_forms.compiled)
@@ -142,15 +148,19 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
     """The native engine in this process (a thread): for tools, benchmarks and tests. With
     `loaded` (from the same model paths), it reuses those models instead of loading them."""
     info = engine_info(args)
+    background: list[BackgroundCompiles] = []
 
     def load():
         models = loaded or LoadedModels.load(args)
         target, drafter, device = models.target, models.drafter, models.device
         max_context = args.max_context or target.config.max_position_embeddings
         compiled = compiles(args.compile, device)
+        # Compiles made by a worker process while eager steps serve reach this one through a folder.
+        elsewhere = compiled and not args.compile_before_ready and args.compile_max_batch > 0
+        compile_cache = args.compile_cache or (tempfile.mkdtemp(prefix="specserve-compiles-") if elsewhere else None)
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=compiled,
                                prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
-                               compile_cache=args.compile_cache or None)
+                               compile_cache=compile_cache)
         spec = args.speculation
         if spec is not None and spec.accept_rates:
             t0 = time.perf_counter()
@@ -164,7 +174,12 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change
         # the step first, as synthetic acceptance does, warm up themselves).
-        if args.compile_max_batch and (compiled or decoder.graphs.enabled):
+        if elsewhere:
+            rows = min(args.compile_max_batch, args.max_batch)
+            background.append(BackgroundCompiles(decoder, dataclasses.replace(args, compile_cache=compile_cache), rows))
+            if decoder.graphs.enabled:   # the eager steps' CUDA graphs, captured before serving
+                decoder.warm_up(args.max_batch)
+        elif args.compile_max_batch and (compiled or decoder.graphs.enabled):
             rows = min(args.compile_max_batch, args.max_batch) if compiled else args.max_batch
             if compiled:
                 log.info("compiling decode steps for batch sizes up to %d before serving", rows)
@@ -183,4 +198,5 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         return decoder, models.tokenizer, info
 
     return NativeEngine(load, info, max_waiting=args.max_waiting, prefill_tokens=args.prefill_tokens,
-                        prefill_min_rows=args.prefill_min_rows, grammar_timeout_s=args.grammar_timeout_s)
+                        prefill_min_rows=args.prefill_min_rows, grammar_timeout_s=args.grammar_timeout_s,
+                        background_compiles=lambda: background[0] if background else None)

@@ -13,6 +13,8 @@ read fields by name.
     Refused(request_id, code, message)      a Submit the engine would not queue (engine.api.ErrorCode)
     Dead(reason)                            once, when the engine thread has died or stopped; sent
                                             before the last deltas of the requests it fails
+    Compiles(status)                        the decode shapes compiled, compiling and eager, at each
+                                            change while a worker compiles them (may come before Ready)
 """
 from __future__ import annotations
 
@@ -66,5 +68,10 @@ class Dead:
     reason: str
 
 
+@dataclass(frozen=True)
+class Compiles:
+    status: dict   # engine.background_compile.CompileStatus.as_dict()
+
+
 ToEngine = Submit | Abort | Stop
-ToServer = Ready | Failed | Outputs | Refused | Dead
+ToServer = Ready | Failed | Outputs | Refused | Dead | Compiles

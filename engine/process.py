@@ -7,6 +7,8 @@ child; the server process keeps HTTP, templates and the tokenizer, and the two e
 pickled messages over a pipe (engine/messages.py: which, who sends them and when).
 
 If the child dies, every open request ends with an error and /health reports the engine dead.
+While a worker compiles the decode steps in the background the child forwards each change of which
+shapes are compiled (`compile_status`, shown by /health).
 """
 from __future__ import annotations
 
@@ -20,7 +22,19 @@ from multiprocessing.connection import Connection
 
 from engine.api import EngineError, EngineInfo, ErrorCode, GenerationOutput, SamplingParams, stream_outputs
 from engine.loading import NativeEngineArgs, build_engine, engine_info
-from engine.messages import Abort, Dead, Failed, Outputs, Ready, Refused, Stop, Submit, ToEngine, ToServer
+from engine.messages import (
+    Abort,
+    Compiles,
+    Dead,
+    Failed,
+    Outputs,
+    Ready,
+    Refused,
+    Stop,
+    Submit,
+    ToEngine,
+    ToServer,
+)
 
 log = logging.getLogger("specserve.engine")
 
@@ -40,6 +54,7 @@ class EngineProcess:
         self._conn: Connection | None = None
         self._streams: dict[str, asyncio.Queue] = {}
         self._load = (0, 0)
+        self.compile_status: dict | None = None   # engine.scheduler.NativeEngine.compile_status, as last sent
         self._ready = False
         self._stopping = False
         self._exit_report: asyncio.Task | None = None
@@ -74,16 +89,20 @@ class EngineProcess:
 
     def _first_message(self) -> Ready | Failed:
         """Wait for the child's Ready or Failed (loading can take minutes: weights, compiles)."""
-        while not self._conn.poll(0.5):
-            if not self._proc.is_alive():
-                break
-            if self._stopping:
-                return Failed("server stopped while the engine was loading")
-        try:
-            return self._conn.recv()
-        except (EOFError, OSError):
-            self._proc.join(5)
-            return Failed(f"engine process exited with code {self._proc.exitcode} while loading")
+        while True:
+            while not self._conn.poll(0.5):
+                if not self._proc.is_alive():
+                    break
+                if self._stopping:
+                    return Failed("server stopped while the engine was loading")
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                self._proc.join(5)
+                return Failed(f"engine process exited with code {self._proc.exitcode} while loading")
+            if not isinstance(msg, Compiles):
+                return msg
+            self.compile_status = msg.status
 
     def _on_readable(self) -> None:
         """Event-loop reader: hand every message the child has sent to its request's queue."""
@@ -100,6 +119,8 @@ class EngineProcess:
                             q.put_nowait(EngineError(message, code))
                     case Dead(reason=reason):
                         self.dead = self.dead or reason
+                    case Compiles(status=status):
+                        self.compile_status = status
         except (EOFError, OSError):
             self._child_gone()
 
@@ -187,8 +208,9 @@ class _EngineSide:
         self.outbox: collections.deque[tuple[str, GenerationOutput]] = collections.deque()
         self.sent_load = (0, 0)
         self.sent_dead = False
-        self.lock = threading.Lock()  # the engine thread and the pipe reader both send
+        self.lock = threading.Lock()  # the engine thread, the pipe reader and the compile loader send
         engine.flush = self.flush
+        engine.on_compile_news = lambda status: self.send(Compiles(status))
 
     def send(self, msg: ToServer) -> None:
         with self.lock:

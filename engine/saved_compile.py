@@ -1,8 +1,8 @@
 """Compiled decode steps saved on disk, so that a restart loads them instead of compiling again.
 
 torch.compile traces and compiles every step function anew in each process. Inductor's cache skips
-code generation, but not dynamo's tracing or AOT autograd: on the H200 a warm start of the SmolLM2
-pair still spent 18 s tracing and 24 s in the backend (benchmarks/results/h200_s26/).
+code generation, but not dynamo's tracing or AOT autograd: on an H200 a warm start of the SmolLM2
+pair still spent 18 s tracing and 24 s in the backend.
 
 `torch.compile(...).aot_compile` packages one traced and compiled step into an artifact: its guards,
 its graph and inductor's code. A later process loads it and calls it on its own decoder. Weights and
@@ -15,6 +15,10 @@ options or the class-wide switches the code reads, so artifact names carry a fin
 the first call removes the function's artifacts saved under another fingerprint, which no process
 of this version loads. Kernels still come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without
 it a load compiles them again.
+
+Another process may compile into the same folder while this one serves (engine/background_compile.py):
+an artifact is written under a temporary name and renamed, so a reader never loads half of one, and
+`refresh` loads what was saved since, for `saved_step` to find without ever compiling.
 """
 from __future__ import annotations
 
@@ -93,19 +97,33 @@ class SavedCompile:
         self.fn, self.dynamic, self.options, self.marks = fn, dynamic, options, marks
         self.folder, self.name = Path(folder), name
         self.prefix = ""                  # named at the first call: see _name
-        self.saved: list | None = None    # loaded at the first call
+        self.saved: list | None = None    # loaded at the first call (or refresh)
+        self.paths: set[Path] = set()     # the artifacts in `saved`
         self.lazy: Callable | None = None
         self.loaded = self.compiled = 0   # artifacts loaded from disk / compiled and saved here
+
+    def refresh(self) -> int:
+        """Loads the artifacts saved in the folder since the last look (the first look also removes
+        stale ones); returns how many. `saved` is replaced, not appended to, so a caller on another
+        thread iterating it sees the old list or the new one."""
+        if self.saved is None:
+            self.prefix = self._name()
+            self._remove_stale()
+        new = [(p, self._load(p)) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot")) if p not in self.paths]
+        self.paths |= {p for p, _ in new}
+        self.saved = (self.saved or []) + [s for _, s in new if s is not None]
+        return sum(s is not None for _, s in new)
+
+    def saved_step(self, *args):
+        """The saved compile whose guards accept `args`, or None; never compiles."""
+        if self.saved is None:
+            self.refresh()
+        return next((s for s in self.saved if s.guard_check(*args)), None)
 
     def __call__(self, *args):
         if self.lazy is not None:
             return self.lazy(*marked(args, self.marks))
-        if self.saved is None:
-            self.prefix = self._name()
-            self._remove_stale()
-            loaded = (self._load(p) for p in sorted(self.folder.glob(f"{self.prefix}-*.aot")))
-            self.saved = [s for s in loaded if s is not None]
-        step = next((s for s in self.saved if s.guard_check(*args)), None)
+        step = self.saved_step(*args)
         if step is None:
             if self.saved:   # a new shape, or guards that another process's compile fails: say which
                 log.info("%s: none of its %d saved compiles accepts this call (%s); compiling another", self.name,
@@ -165,7 +183,10 @@ class SavedCompile:
             self.lazy = torch.compile(self.fn, dynamic=self.dynamic or None, options=self.options)
             return None
         self.folder.mkdir(parents=True, exist_ok=True)
-        step.save_compiled_function(str(path))
+        partial = path.with_name(path.name + ".partial")
+        step.save_compiled_function(str(partial))
+        partial.replace(path)
+        self.paths.add(path)
         step.disable_guard_check()
         self.compiled += 1
         return step

@@ -10,6 +10,8 @@ On GPU, device-side (greedy) steps overlap: the next step is launched before the
 reads and streams the current one, unless the batch is about to change.
 Deadlines are not checked here: the server enforces them (server/generation.py) and aborts
 a late request like any other.
+With compiles made elsewhere (engine/background_compile.py) the thread serves eager steps and
+each compiled shape takes over at the first step after it has loaded: no request waits for a compile.
 A request with a structured-output constraint waits for its grammar (compiled in a worker
 thread, engine/grammar.py) before it queues; one that fails to compile, or takes longer than
 `grammar_timeout_s`, ends with INVALID_REQUEST. Each admitted request that processes logits
@@ -38,6 +40,7 @@ from engine.api import (
     SpecStats,
     stream_outputs,
 )
+from engine.background_compile import BackgroundCompiles
 from engine.decoder import BatchDecoder, InFlight
 from engine.detokenizer import IncrementalDetokenizer
 from engine.grammar import GrammarError, Grammars
@@ -79,8 +82,13 @@ class NativeEngine:
 
     def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo,
                  max_waiting: int = 256, prefill_tokens: int = 8192, prefill_min_rows: int = 1,
-                 grammar_timeout_s: float = GRAMMAR_TIMEOUT_S):
+                 grammar_timeout_s: float = GRAMMAR_TIMEOUT_S,
+                 background_compiles: Callable[[], BackgroundCompiles | None] = lambda: None):
         self._load_fn = load_fn
+        self._background_compiles = background_compiles
+        self.compiles: BackgroundCompiles | None = None   # set at load when a worker compiles the steps
+        # Called from the compile loader's thread with each change of the compile status (as_dict()).
+        self.on_compile_news: Callable[[dict], None] = lambda status: None
         self.info = info
         # Admission: one prefill forward takes waiting requests while their padded length fits
         # `prefill_tokens`; with `prefill_min_rows` > 1 (offline generation) it waits until that
@@ -126,6 +134,12 @@ class NativeEngine:
     def load(self) -> tuple[int, int]:
         return len(self._active), self._n_waiting
 
+    @property
+    def compile_status(self) -> dict | None:
+        """Which decode shapes run compiled, which compile in the background, which stay eager (None:
+        no background compiles: the steps are all eager, or all compiled before ready)."""
+        return self.compiles.status.as_dict() if self.compiles is not None else None
+
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Block until the engine thread holds no request and no step in flight: a request's last
         delta reaches its client before the thread collects a step launched ahead. For tools
@@ -146,13 +160,18 @@ class NativeEngine:
         thread's ops (the caller's, loading) leave OpenMP a second team of workers, and with more
         of them than cores libgomp stops spinning between parallel regions. Every region then
         waits for a sleeping worker: on 2 cores SmolLM2's float32 decode step on two threads took
-        48 ms instead of 32 (benchmarks/results/batch_sweep/cpu_http/ab_s16/README.md)."""
+        48 ms instead of 32. Background compiles start once loaded; their loading thread runs no
+        parallel op."""
         loaded, failed = threading.Event(), []
 
         def load_and_run() -> None:
             try:
                 self.decoder, self.tokenizer, self.info = self._load_fn()
                 self.eos_ids = eos_ids(self.decoder.target, self.tokenizer)
+                if (compiles := self._background_compiles()) is not None:
+                    compiles.on_change = lambda status: self.on_compile_news(status.as_dict())
+                    compiles.start()
+                    self.compiles = compiles
             except BaseException as e:  # raised again in the caller
                 failed.append(e)
                 return
@@ -189,6 +208,8 @@ class NativeEngine:
         self._ready = False
         self._stop.set()
         self._inbox.put(None)
+        if self.compiles is not None:
+            self.compiles.stop()
         thread = self._thread
         return None if thread is threading.current_thread() else thread
 
@@ -299,8 +320,7 @@ class NativeEngine:
     def _flush(self) -> None:
         """Deliver the deltas emitted since the last call: generate()'s with one wake-up per event
         loop, not one per request and step (each a write to the loop's self-pipe and a GIL
-        hand-over: benchmarks/results/h200_s22/), then the `flush` hook's (engine/process.py: one
-        message to the server)."""
+        hand-over), then the `flush` hook's (engine/process.py: one message to the server)."""
         if self._local:
             batch, self._local = self._local, []
             by_loop: dict[asyncio.AbstractEventLoop, list] = {}

@@ -118,7 +118,9 @@ async def health(request: Request):
     ctx = _ctx(request)
     status = ctx.status
     if status == "ok":
-        return {"status": "ok"}
+        # While decode steps compile in the background: which shapes run compiled, compiling, eager.
+        compiled = getattr(ctx.engine, "compile_status", None)
+        return {"status": "ok"} if compiled is None else {"status": "ok", "decode_steps": compiled}
     if status == "loading":
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": LOADING_RETRY_AFTER_S})
     return JSONResponse({"status": "dead", "error": ctx.dead_reason}, status_code=503)

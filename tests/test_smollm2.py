@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from engine.decoder import BatchDecoder, SpecConfig
@@ -45,32 +47,58 @@ def run_code(answer: str) -> dict:
     return namespace
 
 
-@pytest.mark.timeout(900)  # the first start compiles: the test took 116 s alone on 2 cores, 125 s in a suite run
-def test_make_serve_answers_paris_and_correct_code_and_speculation_changes_nothing(tmp_path):
-    """`make serve` runs serve.sh: cpu-default (compiled, speculating with steps per batch size from step
-    costs it measures at load), SmolLM2 from its installed package. Here at up to 2 rows (`make serve
-    ARGS="--max-batch 2"`), both questions at once: the start compiles the two steps they are served with,
-    where up to 8 rows it would compile four, three of them for batches this test never makes (2 minutes of
-    the suite's CPU). Eager plain decoding (--no-spec --no-compile) must give the same text: neither
-    speculation nor the compile changes a token."""
+def health(url: str) -> dict:
+    r = httpx.get(url + "/health", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.timeout(900)  # cold: about 2 minutes alone on 2 cores, most of it the background compile awaited
+def test_make_serve_answers_before_its_steps_compile_and_neither_compiling_nor_speculation_changes_a_token(tmp_path):
+    """`make serve` runs serve.sh: cpu-default (speculating with steps per batch size from step costs it
+    measures at load; compiled), SmolLM2 from its installed package, here at one row (`make serve
+    ARGS="--max-batch 1"`: one decode shape to compile, the fewest costs to measure). /health turns
+    ready before any step is compiled; both questions asked at once then are answered by eager steps while
+    a worker process compiles (/health still says so after they are answered), and again once the compiled
+    step has taken over, with the same text. Eager plain decoding (--no-spec --no-compile) gives it too:
+    neither speculation nor the compile changes a token."""
     answers = {}
-    for name, flags in (("default", []), ("plain", ["--no-spec", "--no-compile"])):
-        srv = start_server([*flags, "--max-batch", "2"], tmp_path / f"{name}.log", timeout=600)
-        try:
-            assert "profile cpu-default" in srv.output()
-            assert ("steps per batch size {1: " in srv.output()) == (name == "default")  # from measured costs
-            assert ("compiled decode steps for batch sizes up to 2" in srv.output()) == (name == "default")
-            assert ("decode shape 2 of 2 ready (2 rows" in srv.output()) == (name == "default")   # its progress
-            with ThreadPoolExecutor(len(QUESTIONS)) as pool:
-                answers[name] = dict(zip(QUESTIONS, pool.map(lambda q: ask(srv.url, q), QUESTIONS.values())))
-        finally:
-            assert srv.stop() == 0, srv.output()[-3000:]
-    france, code = answers["default"]["france"][0], answers["default"]["code"][0]
+    srv = start_server(["--max-batch", "1"], tmp_path / "default.log", timeout=600)
+    try:
+        assert health(srv.url)["decode_steps"]["compiled"] == []
+        answers["eager"] = ask_all(srv.url)
+        assert health(srv.url)["decode_steps"]["compiling"], "answered before compiling ends"
+        deadline = time.monotonic() + 600
+        while (steps := health(srv.url)["decode_steps"])["compiling"]:
+            assert time.monotonic() < deadline, srv.output()[-3000:]
+            time.sleep(1)
+        assert len(steps["compiled"]) == 1 and steps["eager"] == [], steps
+        answers["compiled"] = ask_all(srv.url)
+    finally:
+        assert srv.stop() == 0, srv.output()[-3000:]
+    log = srv.output()
+    assert "profile cpu-default" in log and "steps per batch size {1: " in log   # from measured costs
+    assert "serving eager decode steps while a worker process compiles 1 row x " in log
+    assert "1 of 1 decode shapes compiled" in log and "every decode shape compiled" in log
+    plain = start_server(["--no-spec", "--no-compile", "--max-batch", "1"], tmp_path / "plain.log", timeout=600)
+    try:
+        assert "decode_steps" not in health(plain.url)
+        answers["plain"] = ask_all(plain.url)
+    finally:
+        assert plain.stop() == 0, plain.output()[-3000:]
+    france, code = answers["compiled"]["france"][0], answers["compiled"]["code"][0]
     assert "Paris" in france
     assert run_code(code)["reverse_string"]("speculation") == "noitaluceps"
-    assert {k: a[0] for k, a in answers["default"].items()} == {k: a[0] for k, a in answers["plain"].items()}
-    assert answers["default"]["code"][1].spec_decoding["verify_steps"] > 0
+    texts = {name: {k: a[0] for k, a in by_question.items()} for name, by_question in answers.items()}
+    assert texts["eager"] == texts["compiled"] == texts["plain"]
+    assert answers["compiled"]["code"][1].spec_decoding["verify_steps"] > 0
     assert answers["plain"]["code"][1].spec_decoding is None
+
+
+def ask_all(url: str) -> dict:
+    """Every question at once: {name: (text, usage)}."""
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        return dict(zip(QUESTIONS, pool.map(lambda q: ask(url, q), QUESTIONS.values())))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,231 @@
+"""Compiled decode steps made while the engine serves eager ones (NativeConfig.compile_before_ready false).
+
+The serving process never compiles. A worker process of its own (`python -m engine.background_compile`,
+at a lower CPU priority) loads the same models, builds the same decoder and warms up each decode shape,
+which compiles it ahead of time into compile_cache (engine/saved_compile.py); after each shape it says so
+on its stdout. The serving process then loads the saved compile in a thread of its own (`BackgroundCompiles`)
+and marks the shape ready: from the next engine step on it runs compiled (BatchDecoder.mark_ready).
+Compiles saved by an earlier start are loaded before the worker starts, and a start that finds every
+shape saved starts no worker.
+
+Why a process and not a thread. Tracing and inductor's code generation are Python that holds the GIL,
+and every eager op releases and retakes it, so an eager step waits behind the compiler at each of its
+hundreds of ops. And a compiled step warmed up on a second thread opens a second OpenMP team: with more
+workers than cores, libgomp stops spinning between parallel regions, and every later eager step of the
+engine thread waits for sleeping workers (on 2 shared cores a 42 ms step took 1.3 s after a compile in a
+thread). The loading thread runs no parallel op: it unpickles the artifact and checks its guards.
+
+The step costs that choose the steps table are measured before serving (engine/steps_by_cost.py), with
+no compile beside them; the worker is given that table, the CPU product forms and the traced switches,
+so it compiles exactly the steps this process serves.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("specserve.engine")
+
+NICE = 10   # the worker's CPU priority below the server's: serving steps come first on a busy machine
+
+
+@dataclass
+class CompileJob:
+    """What the worker needs to build the serving process's decoder: its settings (NativeEngineArgs),
+    the steps table in force, the CPU product forms, the traced class switches, and the shapes to
+    compile, in order ((padded rows, draft steps, rows), ...); `prefills` with captured prefills."""
+    args: object
+    steps_by_batch: tuple
+    cpu_forms: object
+    switches: dict
+    shapes: list[tuple[int, int, int]]
+    prefills: bool = False
+
+
+def shape_label(key: tuple) -> str:
+    if key == ("prefill",):
+        return "prefills"
+    return f"{key[0]} row{'s' if key[0] > 1 else ''} x {key[1]} draft steps"
+
+
+@dataclass
+class CompileStatus:
+    """Which decode shapes run compiled now, which are still compiling (eager meanwhile), which stay eager."""
+    compiled: list[str] = field(default_factory=list)
+    compiling: list[str] = field(default_factory=list)
+    eager: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        d = {"compiled": self.compiled, "compiling": self.compiling, "eager": self.eager}
+        return d | ({"error": self.error} if self.error else {})
+
+
+class BackgroundCompiles:
+    """The serving side: loads what a compile from an earlier start saved, starts the worker for the rest,
+    and marks each shape ready as its compile loads. `on_change(status)` is called from its thread."""
+
+    def __init__(self, decoder, args, max_rows: int, on_change: Callable[[CompileStatus], None] = lambda s: None):
+        from models.layers import Linear, traced_switches
+        self.decoder, self.args, self.on_change = decoder, args, on_change
+        shapes = decoder.decode_shapes(max_rows)
+        self.pending: list[tuple] = [(padded, steps) for padded, steps in shapes]
+        self.rows = {(padded, steps): rows for (padded, steps), rows in shapes.items()}
+        if decoder.compiles_prefills:
+            self.pending.insert(0, ("prefill",))
+        self.eager = [key for key in decoder.decode_shapes(decoder.max_batch) if key not in self.rows]
+        self.job = CompileJob(args, decoder.spec.steps_by_batch if decoder.spec else (), Linear.cpu_forms,
+                              traced_switches(), [])
+        self.compiled: list[tuple] = []
+        self.error: str | None = None
+        self.worker: subprocess.Popen | None = None
+        self.thread: threading.Thread | None = None
+        self.started = time.perf_counter()
+        self._stop = threading.Event()
+        decoder.serve_compiled_when_ready()
+
+    @property
+    def status(self) -> CompileStatus:
+        return CompileStatus([shape_label(k) for k in self.compiled], [shape_label(k) for k in self.pending],
+                             [shape_label(k) for k in self.eager], self.error)
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="compile-loader", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.kill()
+            self.worker.wait(10)
+
+    def _run(self) -> None:
+        try:
+            self._load_saved()
+            if self.pending and not self._stop.is_set():
+                self._compile_elsewhere()
+        except Exception as e:  # noqa: BLE001 - the engine serves on, eager where nothing compiled
+            log.exception("background compiles failed; the shapes not compiled stay eager")
+            self._give_up(f"{type(e).__name__}: {e}")
+
+    def _load_saved(self) -> None:
+        """Every shape that a compile saved by an earlier start accepts: ready at once."""
+        t0 = time.perf_counter()
+        loaded = self.decoder.refresh_saved_compiles()
+        ready = [key for key in self.pending if self._accepts(key)]
+        for key in ready:
+            self._ready(key)
+        if loaded:
+            log.info("loaded %d saved compiles in %.1f s: %d of %d decode shapes compiled at once", loaded,
+                     time.perf_counter() - t0, len(ready), len(ready) + len(self.pending))
+        self.on_change(self.status)
+
+    def _accepts(self, key: tuple) -> bool:
+        if key == ("prefill",):
+            return self.decoder.saved_prefills_accept()
+        return self.decoder.saved_compiles_accept(*key)
+
+    def _ready(self, key: tuple) -> None:
+        self.decoder.mark_ready(key)
+        self.pending = [k for k in self.pending if k != key]
+        self.compiled = self.compiled + [key]
+
+    def _compile_elsewhere(self) -> None:
+        self.job.prefills = ("prefill",) in self.pending
+        self.job.shapes = [(*key, self.rows[key]) for key in self.pending if key != ("prefill",)]
+        log.info("serving eager decode steps while a worker process compiles %s",
+                 ", ".join(shape_label(k) for k in self.pending))
+        self.worker = subprocess.Popen([sys.executable, "-m", "engine.background_compile"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
+        self.worker.stdin.write(pickle.dumps(self.job))
+        self.worker.stdin.flush()   # stdin stays open: the worker exits when it closes (this process gone)
+        for line in self.worker.stdout:
+            if self._stop.is_set():
+                return
+            news = json.loads(line)
+            key = tuple(news["shape"])
+            t0 = time.perf_counter()
+            self.decoder.refresh_saved_compiles()
+            if self._accepts(key):
+                self._ready(key)
+                log.info("%s compiled in %.0f s (loaded in %.2f s); %d of %d decode shapes compiled", shape_label(key),
+                         news["seconds"], time.perf_counter() - t0, len(self.compiled),
+                         len(self.compiled) + len(self.pending))
+            else:
+                log.warning("%s: the compile the worker saved does not load here; it stays eager", shape_label(key))
+                self.pending = [k for k in self.pending if k != key]
+                self.eager = self.eager + [key]
+            self.on_change(self.status)
+        code = self.worker.wait()
+        if self.pending and not self._stop.is_set():
+            self._give_up(f"the compile worker exited with code {code}")
+        elif not self._stop.is_set():
+            log.info("every decode shape compiled, %.0f s after serving began", time.perf_counter() - self.started)
+
+    def _give_up(self, why: str) -> None:
+        self.error = why
+        self.eager, self.pending = self.eager + self.pending, []
+        log.warning("%s: serving eager steps for %s", why, ", ".join(shape_label(k) for k in self.eager) or "none")
+        self.on_change(self.status)
+
+
+def worker(job: CompileJob, out) -> None:
+    """Build the serving process's decoder from `job` and warm up each shape (compiling it into
+    compile_cache); one JSON line on `out` after each."""
+    import torch
+
+    from engine.decoder import BatchDecoder
+    from engine.loading import load_models
+    from models.layers import Attention, Linear
+
+    args = job.args
+    target, drafter, device = load_models(args, cpu_forms=job.cpu_forms)
+    Attention.form, Linear.gemv_as_reduction = job.switches["attention"], job.switches["gemv_as_reduction"]
+    spec = args.speculation
+    dec = BatchDecoder(target, drafter, spec, args.max_batch, args.max_context or target.config.max_position_embeddings,
+                       compile=True, prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
+                       compile_cache=args.compile_cache)
+    if spec is not None and job.steps_by_batch:
+        dec.set_steps_table(job.steps_by_batch)
+    with torch.inference_mode():
+        if job.prefills:
+            t0 = time.perf_counter()
+            dec.warm_up_prefills()
+            print(json.dumps({"shape": ["prefill"], "seconds": time.perf_counter() - t0}), file=out, flush=True)
+        for padded, steps, rows in job.shapes:
+            t0 = time.perf_counter()
+            dec.warm_up_shape(padded, steps, rows)
+            print(json.dumps({"shape": [padded, steps], "seconds": time.perf_counter() - t0}), file=out, flush=True)
+
+
+def main() -> None:
+    os.nice(NICE)
+    job = pickle.load(sys.stdin.buffer)
+
+    def exit_with_server() -> None:   # stdin closes when the serving process ends, however it ends
+        sys.stdin.buffer.read()
+        os._exit(0)
+    threading.Thread(target=exit_with_server, daemon=True).start()
+    logging.basicConfig(format="%(asctime)s compile worker %(levelname)s %(message)s", level=logging.WARNING)
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr   # stdout carries only the news lines
+    worker(job, out)
+    out.flush()
+    os._exit(0)   # not a normal exit: the thread above holds stdin's lock
+
+
+if __name__ == "__main__":
+    main()
