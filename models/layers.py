@@ -257,11 +257,12 @@ class Attention(nn.Module):
 
 
 def set_consistent_kernels(on: bool) -> None:
-    """One-token steps take the kernels verify steps take: every product through F.linear (cuBLAS)
-    instead of inductor's GEMV reductions for one row, attention through SDPA, so that in bfloat16
-    a verify step's rows can round as plain steps' rows do and greedy speculation repeat plain
-    decoding's tokens; one-token steps lose the tuned GEMV. Set before compiling; the engine process
-    reads SPECSERVE_CONSISTENT_KERNELS=1 at import (a profile's [env] table sets it)."""
+    """One-token steps take the products verify steps take: every product through F.linear (cuBLAS)
+    instead of inductor's GEMV reductions for one row, attention through SDPA. Set before compiling;
+    the engine process reads SPECSERVE_CONSISTENT_KERNELS=1 at import. On an H100 in bfloat16 it did
+    not make greedy speculation repeat plain decoding (9 of 40 chat prompts identical at one request,
+    7 without it; eager steps 8), so the steps part elsewhere; it cost no speed there
+    (benchmarks/results/2026-12-h100-bf16-identity/)."""
     Linear.gemv_as_reduction = not on
     if on:
         Attention.form = "sdpa"

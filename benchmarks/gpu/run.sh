@@ -9,8 +9,10 @@
 #                                        #   the native servers start compiling in the background
 #   bash benchmarks/gpu/run.sh vllm      # every vLLM piece there: install (vllm_bundle.sh), then the pipeline
 #                                        #   runs in the background (below)
-#   bash benchmarks/gpu/run.sh wait [S] [M]  # wait up to S seconds (default 560) for marker M (done, or done_test
-#                                        #   after the GPU test); pack results into $OUT
+#   bash benchmarks/gpu/run.sh wait [S]  # wait up to S seconds (default 560) for the pipeline; pack results into $OUT
+#   bash benchmarks/gpu/run.sh extra     # after it: the native servers stop; eager native servers (--no-compile) and
+#                                        #   vLLM EAGLE-3 with 3 and 5 tokens start; their greedy texts at 1 and 8
+#                                        #   requests, and the sweep at 1 8 32 (eager: chat only) into $W/sweep2
 #
 # Servers (ports): native plain 8101 and chain 4 8102 as gpu-native serves them (compiled, --max-batch 32,
 # --compile-max-batch 32, --max-context 2048), the same with SPECSERVE_CONSISTENT_KERNELS=1 on 8103 / 8104;
@@ -137,29 +139,62 @@ pipeline() {
     compare texts_native_plain_c1 texts_consistent_plain_c1
     compare texts_vllm_plain_c1 texts_native_plain_c1
     log "pipeline: (c) side by side"
-    for c in $CONC; do
-        n=$(( c * 2 > 40 ? c * 2 : 40 ))
-        for set in chat humaneval; do
-            prompts=$CHAT; [ $set = humaneval ] && prompts=$HUMANEVAL
-            for side in native_plain:8101 native_chain:8102 vllm_plain:8201 vllm_eagle:8202 native_chain_consistent:8104; do
-                name=${side%%:*}; port=${side##*:}
-                python3 -m benchmarks.serving --base-url http://127.0.0.1:$port --max-concurrency $c --num-prompts $n \
-                    --prompts $prompts --max-tokens 256 --out-dir $W/sweep --name ${name}__${set}__c$c \
-                    > $W/logs/sweep_${name}__${set}__c$c.log 2>&1 || log "sweep $name $set c$c failed"
-                grep -m1 -A2 '| completed' $W/logs/sweep_${name}__${set}__c$c.log | tail -1 \
-                    | sed "s/^/$name $set c$c: /" | tee -a $W/logs/stages.log
-            done
-        done
+    for c in $CONC; do   # one concurrency at a time, every side, so that a cut run keeps whole rows
+        sweep $W/sweep $c "chat humaneval" native_plain:8101 native_chain:8102 vllm_plain:8201 vllm_eagle:8202 \
+            native_chain_consistent:8104
     done
     python3 -m benchmarks.gpu.side_by_side $W/sweep --out $W/res/side_by_side 2>&1 | tee -a $W/logs/stages.log
     nvidia-smi > $W/res/nvidia_smi_end.txt 2>&1
     manifests
     log "pipeline done"
     touch $W/done
-    # Last, while the machine is still held: the GPU test of consistent kernels (compiles two steps a case).
-    timeout "${TEST_S:-300}" python3 -m pytest -m gpu -p no:cacheprovider -q tests/test_gpu_consistent.py \
-        > $W/res/test_gpu_consistent.txt 2>&1; log "gpu test: $(tail -1 $W/res/test_gpu_consistent.txt)"
-    touch $W/done_test
+}
+
+stop_ports() {  # the process groups (setsid) of the servers listening on these ports
+    python3 - "$@" <<'EOF'
+import os, signal, sys
+import psutil
+ports = {int(p) for p in sys.argv[1:]}
+mine = {os.getpgid(p.pid) for p in [psutil.Process(), *psutil.Process().parents()]}
+pids = {c.pid for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port in ports and c.pid}
+for g in {os.getpgid(p) for p in pids} - mine:
+    os.killpg(g, signal.SIGTERM)
+EOF
+}
+
+sweep() {  # folder concurrencies sets sides(name:port ...)
+    local out=$1 concs=$2 sets=$3; shift 3
+    for c in $concs; do
+        n=$(( c * 2 > 40 ? c * 2 : 40 ))
+        for set in $sets; do
+            for side in "$@"; do
+                name=${side%%:*}; port=${side##*:}
+                python3 -m benchmarks.serving --base-url http://127.0.0.1:$port --max-concurrency $c --num-prompts $n \
+                    --prompts shipped/smollm2/heldout/$set.jsonl --max-tokens 256 --out-dir $out --name ${name}__${set}__c$c \
+                    > $W/logs/$(basename $out)_${name}__${set}__c$c.log 2>&1 || log "sweep $name $set c$c failed"
+            done
+        done
+    done
+}
+
+extra() {
+    # shellcheck disable=SC1091
+    source $SITE/env.sh
+    stop_ports 8101 8102 8103 8104 8201
+    sleep 8
+    native_server eager_plain 8111 0 --no-compile --no-spec
+    native_server eager_chain 8112 0 --no-compile
+    vllm_server vllm_eagle3 8203 --steps 3
+    vllm_server vllm_eagle5 8205 --steps 5
+    health 8111 300; health 8112 300
+    for c in 1 8; do
+        texts eager_plain_c$c 8111 $c; texts eager_chain_c$c 8112 $c
+        compare texts_eager_plain_c$c texts_eager_chain_c$c
+    done
+    compare texts_native_plain_c1 texts_eager_plain_c1; compare texts_vllm_plain_c1 texts_eager_plain_c1
+    sweep $W/sweep2 "1 8 32" "chat humaneval" vllm_eagle3:8203 vllm_eagle5:8205
+    sweep $W/sweep2 "1 8 32" chat native_plain_eager:8111 native_chain_eager:8112
+    python3 -m benchmarks.gpu.side_by_side $W/sweep $W/sweep2 --out $W/res/side_by_side_all 2>&1 | tee -a $W/logs/stages.log
 }
 
 manifests() {  # one per record; the source commit comes from the caller (no .git travels)
@@ -200,11 +235,12 @@ vllm)
     (REPO=$REPO setsid nohup bash $W/run.sh pipeline > $W/logs/pipeline.log 2>&1 &)
     log "pipeline started" ;;
 pipeline) pipeline ;;
+extra) extra; pack ;;
 wait)
-    t=0; limit=${2:-560}; marker=${3:-done}
-    until [ -f $W/$marker ] || [ $t -ge "$limit" ]; do sleep 10; t=$((t + 10)); done
+    t=0; limit=${2:-560}
+    until [ -f $W/done ] || [ $t -ge "$limit" ]; do sleep 10; t=$((t + 10)); done
     tail -40 $W/logs/stages.log
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     pack ;;
-*) echo "stage: recv | setup | vllm | wait [SECONDS]" >&2; exit 2 ;;
+*) echo "stage: recv | setup | vllm | wait [SECONDS] | extra" >&2; exit 2 ;;
 esac

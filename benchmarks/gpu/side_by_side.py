@@ -1,8 +1,9 @@
 """Side by side from benchmarks.serving results named SIDE__SET__cN.json (benchmarks/gpu/run.sh): per
-prompt set, a row per concurrency and a column group per side (output tok/s, mean decode tok/s per
-request, accept length), our best against vLLM's best at each concurrency, and a plot.
+prompt set, a row per concurrency and a column per side (output tok/s, mean decode tok/s per request,
+accept length), our best (native_plain, native_chain: as gpu-native serves it) against vLLM's best (every
+side named vllm*) at each concurrency, and a plot.
 
-  python -m benchmarks.gpu.side_by_side SWEEP_DIR --out OUT_STEM   # OUT_STEM.json / .md / .png
+  python -m benchmarks.gpu.side_by_side SWEEP_DIR [SWEEP_DIR ...] --out OUT_STEM   # OUT_STEM.json / .md / .png
 """
 from __future__ import annotations
 
@@ -14,14 +15,21 @@ from pathlib import Path
 from benchmarks.report import md_table, pyplot, save_figure
 
 NAME = re.compile(r"^(?P<side>.+)__(?P<set>[a-z]+)__c(?P<c>\d+)$")
-OURS = ("native_plain", "native_chain", "native_chain_consistent")
-VLLM = ("vllm_plain", "vllm_eagle")
+ORDER = ("native_plain", "native_chain", "native_chain_consistent", "native_plain_eager", "native_chain_eager",
+         "vllm_plain", "vllm_eagle3", "vllm_eagle", "vllm_eagle5")
 
 
-def collect(folder: Path) -> dict:
+SERVED = ("native_plain", "native_chain")   # the native engine as gpu-native serves it, speculating or not
+
+
+def order(side: str) -> tuple:
+    return (ORDER.index(side) if side in ORDER else len(ORDER), side)
+
+
+def collect(folders: list[Path]) -> dict:
     """{set: {concurrency: {side: row}}}"""
     table: dict = {}
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(p for folder in folders for p in folder.glob("*.json")):
         m = NAME.match(path.stem)
         if not m:
             continue
@@ -42,7 +50,7 @@ def best(rows: dict, sides) -> tuple[str | None, float]:
 def markdown(table: dict) -> str:
     parts = []
     for set_, by_c in sorted(table.items()):
-        sides = [s for s in (*OURS, *VLLM) if any(s in r for r in by_c.values())]
+        sides = sorted({s for r in by_c.values() for s in r}, key=order)
         rows = []
         for c, r in sorted(by_c.items()):
             cells = [c]
@@ -50,8 +58,8 @@ def markdown(table: dict) -> str:
                 x = r.get(s)
                 cells.append(None if x is None else f"{x['output_tok_s']:.0f} / {x['per_request_tok_s'] or 0:.0f}"
                              + (f" / {x['accept_length']:.2f}" if x["accept_length"] else ""))
-            ours, o = best(r, OURS[:2])
-            theirs, t = best(r, VLLM)
+            ours, o = best(r, SERVED)
+            theirs, t = best(r, [s for s in sides if s.startswith("vllm")])
             cells += [f"{o / t:.2f}x ({ours} / {theirs})" if o and t else None]
             rows.append(cells)
         parts.append(f"### {set_}\n\nEach cell: output tok/s / mean decode tok/s per request / accept length.\n\n"
@@ -64,7 +72,7 @@ def plot(table: dict, path: Path) -> Path:
     fig, axes = plt.subplots(2, len(table), figsize=(6 * len(table), 8), squeeze=False)
     for j, (set_, by_c) in enumerate(sorted(table.items())):
         cs = sorted(by_c)
-        for s in (*OURS, *VLLM):
+        for s in sorted({s for r in by_c.values() for s in r}, key=order):
             pts = [(c, by_c[c][s]) for c in cs if s in by_c[c]]
             if not pts:
                 continue
@@ -86,10 +94,10 @@ def plot(table: dict, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folder")
+    ap.add_argument("folders", nargs="+")
     ap.add_argument("--out", required=True, help="output stem: .json, .md and .png")
     a = ap.parse_args(argv)
-    table = collect(Path(a.folder))
+    table = collect([Path(f) for f in a.folders])
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(table, indent=1))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,7 +48,6 @@ def vllm_kwargs(profile: str, model: str, draft: str | None, no_spec: bool, step
     from launch.profiles import Overrides, resolve
 
     launch = resolve(profile, Overrides(model=model, draft=draft, no_spec=no_spec, steps=steps))
-    import os
     os.environ.update(launch.env)
     return vllm_engine_args(launch.profile, vllm_drafter(launch, dry_run=False))
 
@@ -87,9 +87,10 @@ def offline(a) -> dict:
     d1, a1 = spec_counters(llm)
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     drafts = d1 - d0
-    return {"side": "vllm offline", "engine_args": {k: v for k, v in kw.items()}, "start_s": start_s,
+    return {"side": "vllm offline", "engine_args": dict(kw), "start_s": start_s,
             "prompts": [r.get("id", i) for i, r in enumerate(recs)],
-            "texts": [o.outputs[0].text for o in outs], "completion_tokens": [len(o.outputs[0].token_ids) for o in outs],
+            "texts": [o.outputs[0].text for o in outs],
+            "completion_tokens": [len(o.outputs[0].token_ids) for o in outs],
             "token_ids": [list(o.outputs[0].token_ids) for o in outs],
             "wall_s": wall, "output_tok_s": n / wall,
             "accept_length": (n / drafts if drafts else None),   # verify steps = drafts (one per step a request)
