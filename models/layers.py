@@ -193,10 +193,10 @@ class Attention(nn.Module):
     """Grouped-query attention over the static KV cache, through SDPA.
 
     `written_out_attention` is the other form: alone, compiled, on an H100 it took 6.5-6.9 us a call
-    where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes (benchmarks/results/h200_s35/, call
-    G). In the engine's whole compiled steps it did not pay: chain 4 ran 4% slower with it and the
-    speculative engine at 0 steps 5% slower (benchmarks/results/h200_s37/, calls C and D), so the
-    default is SDPA and the written-out form stays a switch for benchmarks to time.
+    where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes. In the engine's whole compiled
+    steps it did not pay: chain 4 ran 4% slower with it and the speculative engine at 0 steps 5%
+    slower (H100, batch_sweep --attention), so the default is SDPA and the written-out form stays a
+    switch for benchmarks to time.
     """
     # Class-wide, so benchmarks can time the forms side by side (batch_sweep / step_costs --attention):
     # "sdpa" always; "auto" writes attention out in compiled CUDA steps of at most
