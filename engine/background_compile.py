@@ -1,6 +1,6 @@
 """Compiled decode steps made while the engine serves eager ones (NativeConfig.compile_before_ready false).
 
-The serving process never compiles. A worker process of its own (`python -m engine.background_compile`,
+The serving process never compiles. A worker process of its own (`python -m engine.compile_worker`,
 at a lower CPU priority) loads the same models, builds the same decoder and warms up each decode shape,
 which compiles it ahead of time into compile_cache (engine/saved_compile.py); after each shape it says so
 on its stdout. The serving process then loads the saved compile in a thread of its own (`BackgroundCompiles`)
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import subprocess
 import sys
@@ -148,7 +147,7 @@ class BackgroundCompiles:
         self.job.shapes = [(*key, self.rows[key]) for key in self.pending if key != ("prefill",)]
         log.info("serving eager decode steps while a worker process compiles %s",
                  ", ".join(shape_label(k) for k in self.pending))
-        self.worker = subprocess.Popen([sys.executable, "-m", "engine.background_compile"], stdin=subprocess.PIPE,
+        self.worker = subprocess.Popen([sys.executable, "-m", "engine.compile_worker"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
         self.worker.stdin.write(pickle.dumps(self.job))
         self.worker.stdin.flush()   # stdin stays open: the worker exits when it closes (this process gone)
@@ -180,52 +179,3 @@ class BackgroundCompiles:
         self.eager, self.pending = self.eager + self.pending, []
         log.warning("%s: serving eager steps for %s", why, ", ".join(shape_label(k) for k in self.eager) or "none")
         self.on_change(self.status)
-
-
-def worker(job: CompileJob, out) -> None:
-    """Build the serving process's decoder from `job` and warm up each shape (compiling it into
-    compile_cache); one JSON line on `out` after each."""
-    import torch
-
-    from engine.decoder import BatchDecoder
-    from engine.loading import load_models
-    from models.layers import Attention, Linear
-
-    args = job.args
-    target, drafter, device = load_models(args, cpu_forms=job.cpu_forms)
-    Attention.form, Linear.gemv_as_reduction = job.switches["attention"], job.switches["gemv_as_reduction"]
-    spec = args.speculation
-    dec = BatchDecoder(target, drafter, spec, args.max_batch, args.max_context or target.config.max_position_embeddings,
-                       compile=True, prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
-                       compile_cache=args.compile_cache)
-    if spec is not None and job.steps_by_batch:
-        dec.set_steps_table(job.steps_by_batch)
-    with torch.inference_mode():
-        if job.prefills:
-            t0 = time.perf_counter()
-            dec.warm_up_prefills()
-            print(json.dumps({"shape": ["prefill"], "seconds": time.perf_counter() - t0}), file=out, flush=True)
-        for padded, steps, rows in job.shapes:
-            t0 = time.perf_counter()
-            dec.warm_up_shape(padded, steps, rows)
-            print(json.dumps({"shape": [padded, steps], "seconds": time.perf_counter() - t0}), file=out, flush=True)
-
-
-def main() -> None:
-    os.nice(NICE)
-    job = pickle.load(sys.stdin.buffer)
-
-    def exit_with_server() -> None:   # stdin closes when the serving process ends, however it ends
-        sys.stdin.buffer.read()
-        os._exit(0)
-    threading.Thread(target=exit_with_server, daemon=True).start()
-    logging.basicConfig(format="%(asctime)s compile worker %(levelname)s %(message)s", level=logging.WARNING)
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout = sys.stderr   # stdout carries only the news lines
-    worker(job, out)
-    out.flush()
-    os._exit(0)   # not a normal exit: the thread above holds stdin's lock
-
-
-if __name__ == "__main__":
-    main()

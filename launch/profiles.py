@@ -348,9 +348,10 @@ def resolve(name_or_path: str | None, overrides: Overrides | None = None,
         notes.append("--no-spec given: --steps is ignored")
     native = profile.native
     if profile.engine == "native" and native.compile and 0 < native.compile_max_batch < native.max_batch:
-        notes.append(f"native.compile_max_batch {native.compile_max_batch} < max_batch {native.max_batch}: a larger "
-                     f"batch whose steps are not compiled yet compiles when it first runs, and its requests wait "
-                     f"(--compile-max-batch {native.max_batch} compiles them all before serving)")
+        larger = ("compile when they first run, and their requests wait" if native.compile_before_ready
+                  else "are served by eager steps")
+        notes.append(f"native.compile_max_batch {native.compile_max_batch} < max_batch {native.max_batch}: larger "
+                     f"batches {larger} (--compile-max-batch {native.max_batch} compiles them all)")
     return Launch(profile, env, env_origin, api_key, notes, origin)
 
 
