@@ -37,10 +37,9 @@ CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt an
 ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
 BLOCK = 4       # steps timed back to back per round at 1 or more drafts (LAG_STEPS at 0)
 # More drafts must predict this much more speed than fewer. The prediction leaves out admission
-# and a batch's tail, and measured ratios came out below it: 1.59x for 1.74x at one request, 1.31x
-# for 1.43x at two (batch_sweep/cpu_http/ab_s32_amd_steps/); at 8 rows 1 step predicted 1.05x the
-# 0-step speed, and ran at 0.99x in the engine loop (batch_sweep/cpu_amd_s32_chain1.md) and 0.85-0.89x
-# plain decoding over HTTP (batch_sweep/cpu_http/ab_s32_measured/). So a near-tie drafts less.
+# and a batch's tail, and measured ratios come out below it (1.59x for a predicted 1.74x at one
+# request on CPU; at 8 rows a predicted 1.05x over 0 steps ran at 0.85-0.89x plain decoding over
+# HTTP). So a near-tie drafts less.
 MIN_GAIN = 0.10
 
 
