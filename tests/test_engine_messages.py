@@ -7,7 +7,7 @@ import multiprocessing
 import typing
 
 from engine.api import EngineInfo, ErrorCode, GenerationOutput, SamplingParams, SpecStats
-from engine.messages import Abort, Dead, Failed, Outputs, Ready, Refused, Stop, Submit, ToEngine, ToServer
+from engine.messages import Abort, Compiles, Dead, Failed, Outputs, Ready, Refused, Stop, Submit, ToEngine, ToServer
 
 SAMPLES = [
     Submit("r1", [5, 6, 7], SamplingParams(max_tokens=8, temperature=0.7, stop=["\n"], seed=3)),
@@ -20,6 +20,7 @@ SAMPLES = [
                                      error_code=ErrorCode.ENGINE_UNAVAILABLE))], (1, 2)),
     Refused("r3", ErrorCode.OVERLOADED, "server is overloaded: 1 requests waiting"),
     Dead("engine has shut down"),
+    Compiles({"compiled": ["1 row x 3 draft steps"], "compiling": ["2 rows x 1 draft steps"], "eager": []}),
 ]
 
 
