@@ -8,10 +8,11 @@ own; the aux-layer check asks models.aux_layers what the serving engine captures
 drafter's configured ids and compares it with the layer outputs training captured (recorded,
 or what the recorded capture engine fed). Kimi-K2.5 (`KimiK25ForConditionalGeneration`, the
 DeepSeek rule) keeps its LM config under text_config and ships INT4 compressed-tensors weights;
-MLA drafters (`Eagle3DeepseekV2ForCausalLM`) and EAGLE-3.1 options (fc_norm, norm_output) serve on
-SGLang and vLLM, not on the native engine. A mismatch names the convention the ids were written in
-and the one the serving engine reads them by (the reference team's wiring bug); a drafter that
-records no training capture gets a CHECK where SGLang's rule reads its ids as inputs of layers.
+MLA drafters (`Eagle3DeepseekV2ForCausalLM`) and vLLM's `norm_before_residual` serve on SGLang or
+vLLM, not on the native engine, which runs EAGLE-3.1's fc_norm and norm_output. A mismatch names
+the convention the ids were written in and the one the serving engine reads them by (the reference
+team's wiring bug); a drafter that records no training capture gets a CHECK where SGLang's rule
+reads its ids as inputs of layers.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from models.aux_layers import SGLANG_NO_EAGLE3, sglang_rule
-from models.eagle3_checkpoint import EAGLE31_OPTIONS
+from models.eagle3_checkpoint import EAGLE31_OPTIONS, NATIVE_EAGLE31_OPTIONS
 from models.hf_config import read_hf_config
 
 
@@ -124,10 +125,10 @@ def check_pair_configs(model_path: str, draft_path: str, engine: str) -> str:
         if mla:
             raise PairMismatch(f"{d_file}: an MLA drafter ({d_cfg['architectures'][0]}) serves on SGLang or vLLM; "
                                f"the native engine runs {ARCHITECTURE} drafters only")
-        options = [k for k in EAGLE31_OPTIONS if d_cfg.get(k)]
+        options = [k for k in EAGLE31_OPTIONS if d_cfg.get(k) and k not in NATIVE_EAGLE31_OPTIONS]
         if options:
-            raise PairMismatch(f"{d_file}: EAGLE-3.1 options {options} (SGLang kimi_k25_eagle3.py, vLLM "
-                               f"deepseek_eagle3.py) serve on SGLang or vLLM; the native engine runs plain EAGLE-3")
+            raise PairMismatch(f"{d_file}: EAGLE-3.1 options {options} serve on vLLM; the native engine runs "
+                               f"{list(NATIVE_EAGLE31_OPTIONS)} only")
         return summary
     no_eagle3 = [a for a in t.architectures if a in SGLANG_NO_EAGLE3]
     if no_eagle3:

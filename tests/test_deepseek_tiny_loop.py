@@ -79,14 +79,17 @@ def test_the_wiring_bug_pair_is_refused_naming_both_conventions(capsys, environ_
             "a copy with [3, 5, 7]") in out
 
 
-def test_eagle31_options_serve_on_sglang_or_vllm_not_natively(capsys, environ_restored, tmp_path):
+def test_the_native_engine_serves_eagle31_norms_and_refuses_what_only_vllm_runs(capsys, environ_restored, tmp_path):
     t = lc.llama_target(tmp_path / "t")
     d = eagle3_drafter(tmp_path / "d")
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "fc_norm": True, "norm_output": True}))
-    rc, _, err = run_cli(capsys, "--dry-run", "--profile", "cpu-default", "--steps", "2", "--model", str(t),
-                         "--draft", str(d))
-    assert rc == 2 and "EAGLE-3.1 options ['fc_norm', 'norm_output']" in err
+    launch = ("--dry-run", "--profile", "cpu-default", "--steps", "2", "--model", str(t), "--draft", str(d))
+    (d / "config.json").write_text(json.dumps({**cfg, "norm_output": True}))
+    rc, _, err = run_cli(capsys, *launch)
+    assert rc == 0, err
+    (d / "config.json").write_text(json.dumps({**cfg, "norm_before_residual": True}))
+    rc, _, err = run_cli(capsys, *launch)
+    assert rc == 2 and "EAGLE-3.1 options ['norm_before_residual'] serve on vLLM" in err
     from drafter.params import breakdown, shape_from_config
     s = shape_from_config({**cfg, "fc_norm": True}, "d")
     assert s.options == ["fc_norm"] and breakdown(s)["norms"] == 4 * 64 + 3 * 64   # one RMSNorm per aux state
