@@ -118,6 +118,6 @@ def test_pipeline_end_to_end_through_our_server(tmp_path, one_thread):
 
 def test_eval_names_two_drafter_folders_of_one_name_apart():
     from drafter.evaluate import short_names
-    assert short_names(["shipped/smollm2/drafter", "runs/s28/drafter"]) == {
-        "shipped/smollm2/drafter": "smollm2/drafter", "runs/s28/drafter": "s28/drafter"}
+    assert short_names(["shipped/smollm2/drafter", "runs/lk-loss/drafter"]) == {
+        "shipped/smollm2/drafter": "smollm2/drafter", "runs/lk-loss/drafter": "lk-loss/drafter"}
     assert short_names(["runs/a", "runs/b"]) == {"runs/a": "a", "runs/b": "b"}

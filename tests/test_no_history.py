@@ -24,7 +24,7 @@ TEXT_MARKS = {
     # the word, not an identifier (`aiohttp.ClientSession`, `session.get(...)`, scope="session")
     "a development session": re.compile(r"(?<![\"'._])\bsessions?\b(?![\"'._(])", re.IGNORECASE),
     "an issue number": re.compile(r"\bissues? ?#?\d+", re.IGNORECASE),
-    "a round-tagged name": re.compile(r"[A-Za-z0-9]_s\d{1,2}(?!\d)|\b(?:run|round|turn)_?\d+\b"),
+    "a round-tagged name": re.compile(r"[A-Za-z0-9]_s\d{1,2}(?!\d)|/s\d{1,2}/|\b(?:run|round|turn)_?\d+\b"),
     "a development round": re.compile(r"\b(?:this|next|previous|earlier) (?:round|turn)\b",
                                       re.IGNORECASE),
     "a design brief outside the repository": re.compile(r"DESIGN(?:\.md)? ?§"),
