@@ -21,12 +21,12 @@ from drafter.cli import main as drafter
 from drafter.cli import parser
 from drafter.train_config import TrainConfig, add_train_flags, from_args
 from drafter.ttt import feature_noise, position_loss
-from engine.decoder import BatchDecoder, SpecConfig
+from engine.decoder import SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
-from engine.sampling import BatchSampling
 from models.eagle3 import Eagle3Config, Eagle3Drafter
 from models.eagle3_checkpoint import WEIGHT_NAMES, config_to_hf, load_drafter, save_drafter, vllm_drafter_dir
 from models.llama import load_target
+from tests.engine_runs import decode as decode_batch
 from tests.engine_runs import greedy_ids
 from tests.tiny import fit_drafter, make_hf_llama_target, make_target_dir, random_drafter, stdlib_texts
 
@@ -47,14 +47,10 @@ def eagle31(drafter: Eagle3Drafter, seed: int = 3) -> Eagle3Drafter:
 
 
 def decode(target, drafter, steps, prompt, n=32, fast=True):
-    dec = BatchDecoder(target, drafter, SpecConfig(steps) if drafter is not None else None, max_batch=1,
-                       max_context=256, fast_greedy=fast)
-    out, accepted = [dec.prefill(0, prompt, BatchSampling.all_greedy_rows(1, "cpu"))], []
-    while len(out) < n:
-        r = dec.step(1, BatchSampling.all_greedy_rows(1, "cpu"))[0]
-        out += r.tokens
-        accepted.append(r.accepted)
-    return out[:n], accepted
+    """One prompt, greedy: (tokens, accepted per step)."""
+    spec = SpecConfig(steps) if drafter is not None else None
+    outs, accepted = decode_batch(target, drafter, spec, [prompt], n, fast)
+    return outs[0], accepted[0]
 
 
 @pytest.fixture(scope="module")

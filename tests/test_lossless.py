@@ -20,37 +20,11 @@ from engine.sampling import BatchSampling
 from models.cpu_forms import CpuForms, onednn_available
 from models.layers import Attention, Linear
 from models.llama import load_target
-from tests.engine_runs import greedy_ids
+from tests.engine_runs import decode, greedy, greedy_ids
 from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
 
 N_TOKENS = 40
 ONEDNN_EVERYWHERE = ((1, "onednn"), (64, "onednn"))  # compiled steps then call oneDNN (CpuForms.compiled)
-
-
-def greedy(rows: int = 1) -> BatchSampling:
-    return BatchSampling.all_greedy_rows(rows, "cpu")
-
-
-def decode(target, drafter, spec, prompts: list[list[int]], n: int = N_TOKENS, fast: bool = True,
-           batched_prefill: bool = False, prefill_graphs: bool = False):
-    """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists).
-
-    fast: the device-side greedy step (engine/greedy_cycle.py); else the general path that
-    also serves sampling and trees. batched_prefill: all prompts in one (padded) prefill.
-    prefill_graphs: each prompt padded to its graph width (on CPU nothing is captured).
-    """
-    dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512, fast_greedy=fast,
-                       prefill_graphs=prefill_graphs)
-    if batched_prefill:
-        outs = [[t] for t in dec.prefill_batch(0, prompts, greedy(len(prompts)))]
-    else:
-        outs = [[dec.prefill(i, p, greedy())] for i, p in enumerate(prompts)]
-    accepted = [[] for _ in prompts]
-    while min(len(o) for o in outs) < n:
-        for i, r in enumerate(dec.step(len(prompts), greedy(len(prompts)))):
-            outs[i] += r.tokens
-            accepted[i].append(r.accepted)
-    return [o[:n] for o in outs], accepted
 
 
 @pytest.fixture(scope="module")
