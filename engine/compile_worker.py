@@ -30,7 +30,7 @@ def worker(job: CompileJob, out) -> None:
     spec = args.speculation
     dec = BatchDecoder(target, drafter, spec, args.max_batch, args.max_context or target.config.max_position_embeddings,
                        compile=True, prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
-                       compile_cache=args.compile_cache)
+                       compile_cache=args.compile_cache, step_width=args.step_width)
     if spec is not None and job.steps_by_batch:
         dec.set_steps_table(job.steps_by_batch)
     with torch.inference_mode():

@@ -209,5 +209,9 @@ class NativeConfig:
                                                     "once (CPU float32 product forms, step costs per batch size), "
                                                     "so every server here runs the same choice (empty: measure at "
                                                     "each start)")
+    deterministic: StrictBool = Field(False, description="greedy output that depends on neither speculation nor "
+                                                         "the batch, in bfloat16 too: every decode step runs the "
+                                                         "target over max_batch rows of the verify step's width "
+                                                         "(slower plain decoding: docs/speculative-decoding.md)")
     grammar_timeout_s: StrictFloat = Field(10.0, gt=0, description="a structured-output grammar not compiled by "
                                                                    "then fails its request with a 400 (seconds)")

@@ -117,10 +117,18 @@ class BatchDecoder:
     def __init__(self, target: LlamaModel, drafter: Eagle3Drafter | None, spec: SpecConfig | None,
                  max_batch: int, max_context: int, span_multiple: int = 64, cuda_graphs: bool = True,
                  fast_greedy: bool = True, compile: bool = False, prefill_graphs: bool = False,
-                 compile_prefill: bool = True, compile_cache: str | None = None, lag_steps: int | None = None):
+                 compile_prefill: bool = True, compile_cache: str | None = None, lag_steps: int | None = None, step_width: int = 0):
         self.target, self.drafter, self.spec = target, drafter, spec if drafter is not None else None
         self.max_batch, self.max_context = max_batch, max_context
-        self.cache_len = max_context + (self.spec.headroom if self.spec else 2)
+        # Deterministic mode (step_width > 0): every device-side step runs the target over all
+        # max_batch rows and step_width tokens a row (engine/greedy_cycle.py), so no token's numbers
+        # depend on the batch it shared or on how many drafts its step verified.
+        if self.spec and step_width and step_width < self.spec.draft_tokens:
+            raise ValueError(f"step_width {step_width} is narrower than the verify step ({self.spec.draft_tokens})")
+        if self.spec and step_width and self.spec.topk != 1:
+            raise ValueError("step_width pads chains: it needs topk = 1")
+        self.step_width = step_width
+        self.cache_len = max_context + max(self.spec.headroom if self.spec else 2, step_width + 1)
         self.span_multiple = span_multiple
         self.fast_greedy = fast_greedy
         self.device = target.embed_tokens.weight.device
@@ -273,6 +281,8 @@ class BatchDecoder:
     def _padded(self, rows: int) -> int:
         """Rows a device-side step runs: graphs run a power of two (the extra rows are free
         cache rows at length 0), so each is captured (and compiled) once."""
+        if self.step_width:
+            return self.max_batch
         return pow2_bucket(rows, 1, self.max_batch) if self.graphs.enabled else rows
 
     def _lens(self, rows: int, offset: int = 0) -> torch.Tensor:
@@ -562,7 +572,8 @@ class BatchDecoder:
         """Cache positions past the host's committed lengths the next device-side step may
         write: its own headroom plus up to steps + 1 tokens per step still in flight."""
         per_step, headroom = (self.spec.steps + 1, self.spec.headroom) if self.spec else (1, 1)
-        return headroom + self._in_flight * per_step
+        per_step = max(per_step, self.step_width)
+        return max(headroom, self.step_width) + self._in_flight * per_step
 
     def room_to_launch(self, rows: int) -> bool:
         """Whether one more step fits every row's cache, counting steps still in flight."""

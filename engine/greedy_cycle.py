@@ -19,6 +19,11 @@ drafting resumes, so `deferred_greedy` only verifies the pending token and keeps
 drafter would have read; `drafter_catch_up` runs the drafter over that backlog in one forward
 (its weights read once, not once a token) before the next draft, or when the backlog is full.
 
+With the decoder's step_width set (deterministic mode), every target forward here runs that many
+tokens a row: a one-token step puts its token at column 0 of a padded block, a shorter chain is
+padded too. A token's numbers then come out of one shape whatever the step that verified it, so in
+bfloat16 greedy output is the same with speculation and without (docs/speculative-decoding.md).
+
 The models are called here (and in engine/draft_tree.py) with `logits_at` passed even where it is
 None. A default that a compiled step reads becomes a guard on the method's defaults, and torch 2.11
 cannot load a saved compile holding such a guard (its pickling of DefaultsSource passes fields
@@ -30,15 +35,15 @@ from __future__ import annotations
 import torch
 
 from engine.draft_tree import DraftState, chain_draft_step, draft_tree
-from engine.masks import block_inputs, causal, one_token_inputs
+from engine.masks import block_inputs, causal
 from models.layers import AttnInputs
 
 
 def _pending_step(dec, rows: int, span: int, capture_aux: bool = False):
-    """The target over each row's pending token alone, which becomes its greedy next token:
-    (that token [B], the target's output)."""
-    out = dec.target(dec.pending[:rows].unsqueeze(1), one_token_inputs(dec.lens_dev[:rows], span),
-                     capture_aux=capture_aux, logits_at=None)
+    """The target over each row's pending token, which becomes its greedy next token: (that token
+    [B], the target's output). Alone, or with dec.step_width set at column 0 of a block that wide
+    (the rest padding, written past the row's length and never seen), as a verify step reads it."""
+    out = _verify(dec, dec.pending[:rows].unsqueeze(1), dec.lens_dev[:rows], span, capture_aux)
     new = out.logits[:, 0].argmax(-1)
     dec.pending[:rows] = new
     dec.lens_dev[:rows] += 1
@@ -94,9 +99,8 @@ def chain_greedy(dec, rows: int, span: int, steps: int):
             logits, hidden = chain_draft_step(drafter, tok, hidden, base, j, span)
     n = steps + 1
     chain = torch.stack([dec.pending[:rows]] + drafts, dim=1)                        # [B, N]
-    depth = torch.arange(n, device=dev).expand(rows, n)
-    out = dec.target(chain, block_inputs(base, causal(rows, n, dev), depth, span), capture_aux=True, logits_at=None)
-    argmax = out.logits.argmax(-1)                                                   # [B, N]
+    out = _verify(dec, chain, base, span, capture_aux=True)
+    argmax = out.logits[:, :n].argmax(-1)                                            # [B, N]
     match = chain[:, 1:] == argmax[:, :-1]                                           # [B, S]
     if dec.synthetic is not None:  # benchmarks only (BatchDecoder.use_synthetic_acceptance)
         match = dec.synthetic.uniforms[:rows, :steps] < dec.synthetic.rates[:steps]
@@ -105,7 +109,7 @@ def chain_greedy(dec, rows: int, span: int, steps: int):
     bonus = argmax.gather(1, accepted.unsqueeze(1))                                  # [B, 1]
     idx = torch.arange(n, device=dev).unsqueeze(0)
     emitted = torch.where(idx < accepted.unsqueeze(1), torch.cat([chain[:, 1:], bonus], 1), bonus)
-    _extend(dec, rows, span, base, emitted, out.aux_hidden, accepted)
+    _extend(dec, rows, span, base, emitted, out.aux_hidden[:, :n], accepted)
     return emitted, accepted + 1, torch.full_like(accepted, steps)
 
 
@@ -141,6 +145,18 @@ def tree_greedy(dec, rows: int, span: int, steps: int):
     aux = out.aux_hidden.gather(1, path.unsqueeze(-1).expand(-1, -1, out.aux_hidden.shape[-1]))
     _extend(dec, rows, span, base, emitted, aux, accepted)
     return emitted, accepted + 1, tree.depth.max(-1).values
+
+
+def _verify(dec, tokens: torch.Tensor, base: torch.Tensor, span: int, capture_aux: bool):
+    """The target over a chain [B, N] written at base, padded to dec.step_width columns when set:
+    then every token comes out of the same shapes and kernels, whatever its step verified."""
+    rows, n = tokens.shape
+    if dec.step_width > n:
+        tokens = torch.cat([tokens, tokens.new_zeros(rows, dec.step_width - n)], 1)
+    w = tokens.shape[1]
+    depth = torch.arange(w, device=dec.device).expand(rows, w)
+    return dec.target(tokens, block_inputs(base, causal(rows, w, dec.device), depth, span), capture_aux=capture_aux,
+                      logits_at=None)
 
 
 def _extend(dec, rows: int, span: int, base: torch.Tensor, emitted: torch.Tensor, aux: torch.Tensor,

@@ -11,7 +11,7 @@ from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
 
 import torch
-from pydantic import StrictStr
+from pydantic import StrictInt, StrictStr
 from pydantic.dataclasses import dataclass
 
 from engine.api import EngineInfo
@@ -38,11 +38,20 @@ class NativeEngineArgs(NativeConfig):
     draft: StrictStr | None = None
     spec: SpecConfig | None = None
     served_model_name: StrictStr | None = None
+    verify_width: StrictInt = 0   # deterministic without speculation: the verify width it would run with
 
     @property
     def speculation(self) -> SpecConfig | None:
         """The speculative setting in force: `spec` needs a drafter."""
         return self.spec if self.draft else None
+
+    @property
+    def step_width(self) -> int:
+        """Tokens a row in every decode step of the deterministic mode (0: off): the verify step's
+        width, with speculation or without, so both produce each token from the same shapes."""
+        if not self.deterministic:
+            return 0
+        return max(1, self.speculation.draft_tokens if self.speculation else self.verify_width)
 
 
 def pick_device(device: str) -> torch.device:
@@ -160,7 +169,7 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
         compile_cache = args.compile_cache or (tempfile.mkdtemp(prefix="specserve-compiles-") if elsewhere else None)
         decoder = BatchDecoder(target, drafter, args.speculation, args.max_batch, max_context, compile=compiled,
                                prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
-                               compile_cache=compile_cache)
+                               compile_cache=compile_cache, step_width=args.step_width)
         spec = args.speculation
         if spec is not None and spec.accept_rates:
             t0 = time.perf_counter()

@@ -113,4 +113,5 @@ def native_engine_args(p: Profile):
     native = {f.name: getattr(p.native, f.name) for f in dataclasses.fields(NativeConfig)}
     return NativeEngineArgs(**native, model=p.model.path, draft=p.model.draft if p.spec_enabled else None,
                             spec=p.speculative.engine_config() if p.spec_enabled else None,
-                            served_model_name=p.server.served_model_name)
+                            served_model_name=p.server.served_model_name,
+                            verify_width=p.speculative.engine_config().draft_tokens)

