@@ -1,261 +1,284 @@
-"""All-reduce latency of decode-sized messages for NCCL protocol / algorithm / P2P settings.
+"""NCCL settings and draft steps for a large shape served through vLLM at tensor parallel N.
 
-Why graphs: timed from a host loop, decode-sized all-reduces on 2x H200 cost about the same for
-every setting, because kernel launch overhead hides the differences (the host-loop columns of
-its report). Decode runs captured in CUDA graphs, so the number that
-matters is the per-all-reduce time of many all-reduces captured in ONE graph and replayed as the
-engine replays its steps (benchmarks/timing.py time_ms: default 100 per graph, the median of 5
-rounds of 20 back-to-back replays, so rank skew only delays a round's first replay). The CPU
-dry run times the same all-reduces eagerly with gloo.
+Every point is one vLLM start with dummy weights (benchmarks/tensor_parallel.py: the shapes, the
+EAGLE-3 drafter of each, the synthetic acceptance curves, the measuring process). Its engine
+arguments come from a generated launch profile through launch.engine_args.vllm_engine_args, as our
+server passes them, plus what only a benchmark sets: synthetic acceptance in speculative_config and
+graphs captured for the measured batches. It runs on vLLM's offline API, not behind our HTTP
+front-end: what is swept lives in the engine's steps, the front-end adds the same per-token work to
+every point, a profile cannot ask for synthetic acceptance, and our engine's 8B synthetic record is
+an in-process engine loop too.
 
-Each combination runs in fresh processes (one per GPU) with its environment set before
-init_process_group: NCCL reads NCCL_* once per process. NCCL_NVLS_ENABLE=0 always (required
-on the lent machines); NCCL_P2P_DISABLE=1 approximates PCIe GPUs without peer-to-peer.
-Message sizes are hidden x tokens x 2 bytes (bf16): tokens in flight at batch 1 decode and
-verify. The fastest P2P setting (and the fastest P2P-disabled one, for PCIe-like machines)
-is written as a launch-profile fragment ([env] table).
+1. NCCL sweep (TP > 1; at TP 1 there is no all-reduce and it is skipped): vLLM's default (custom
+   all-reduce / symmetric memory for small messages), then NCCL alone (disable_custom_all_reduce,
+   VLLM_ALLREDUCE_USE_SYMM_MEM=0, VLLM_ALLREDUCE_USE_FLASHINFER=0) at its defaults and at every
+   NCCL_PROTO x NCCL_ALGO x NCCL_P2P_LEVEL, and with NCCL_P2P_DISABLE=1 (PCIe GPUs without P2P);
+   NCCL_NVLS_ENABLE=0 always. At --nccl-steps draft steps, concurrency --nccl-concurrency; the
+   winner (geometric mean step time) goes into the profile.
+2. Step sweep: 0..7 chain steps at each concurrency with the winning environment; the fastest
+   step count per concurrency becomes [speculative] steps_by_batch.
+Writes <out>/<name>.json and .md (every point: step ms, tok/s, accept length) and <name>.toml, a
+profile serving the dummy shape with the winners (point model.path / draft at real checkpoints to
+serve them). Points are kept as they finish; --resume skips those already in the JSON.
 
-  python -m benchmarks nccl --nproc 2                        # 2 GPUs, ~3 min for 19 combinations
-  python -m benchmarks nccl --dry-run --only default         # CPU smoke test (gloo, no graphs)
-
-`nccl decode` is batch-1 decode with the target tensor-parallel, NCCL end to end
-(benchmarks/tensor_parallel.py; `torchrun --nproc-per-node 2 -m benchmarks nccl decode --help`).
+One H100 (the bundle installed: benchmarks/gpu/vllm_bundle.sh install; then `source
+/root/vllm-site/env.sh`), one device call each, about 7 minutes:
+  python -m benchmarks nccl --shape 8b --accept 8b --concurrency 1,2,4,8,16,32 --steps 0,1,2,3,5,7 --name tp1-8b --resume
+  python -m benchmarks nccl --shape 70b --accept reference --steps 0,1,2,3,4,5,6,7 --name tp1-70b --resume
+  python -m benchmarks nccl --shape 70b --accept kimi-k2 --steps 0,1,2,3,4,5,6,7 --name tp1-70b-kimi --resume
+(70b is cut to the depth that fits, 29 layers of 80 on one H100.) Eight GPUs:
+  python -m benchmarks nccl --tp 8 --shape 70b --accept reference --name tp8-70b --resume
+Print every point's vLLM arguments and environment without starting vLLM: add --dry-run.
+CPU (vLLM's CPU build; synthetic acceptance is GPU-only):
+  python -m benchmarks nccl --device cpu --shape tiny --accept none --steps 0,2 --concurrency 1,2 --python .venv-vllm/bin/python
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
-import queue as queue_mod
+import subprocess
 import sys
+import tempfile
 import time
-import traceback
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.manifest import nvidia_gpus
+from benchmarks import tensor_parallel as tp_shapes
 from benchmarks.report import md_table, provenance, write_result
-from benchmarks.server_proc import free_port
-from benchmarks.timing import time_ms
 
-BASE_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"}
-SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE")
+BASE_ENV = {"NCCL_NVLS_ENABLE": "0"}
+NCCL_ONLY = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
+SWEPT = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", *NCCL_ONLY)
 PROTOS, ALGOS, P2P_LEVELS = ("LL", "LL128", "Simple"), ("Ring", "Tree"), ("NVL", "SYS")
 
 
-@dataclass(frozen=True)
-class Combo:
-    label: str
-    env: tuple[tuple[str, str], ...]   # the swept variables only; BASE_ENV is added to all
-
-    @property
-    def p2p_disabled(self) -> bool:
-        return dict(self.env).get("NCCL_P2P_DISABLE") == "1"
-
-
-def all_combos(p2p_disable: bool = True) -> list[Combo]:
-    out = [Combo("default", ())]
+def all_combos() -> list[tuple[str, dict, bool]]:
+    """(label, environment, custom all-reduce on) of every NCCL point."""
+    out = [("vllm default", {}, True), ("NCCL default", dict(NCCL_ONLY), False)]
     for proto, algo, lvl in itertools.product(PROTOS, ALGOS, P2P_LEVELS):
-        out.append(Combo(f"{proto}/{algo}/P2P {lvl}",
-                         (("NCCL_PROTO", proto), ("NCCL_ALGO", algo), ("NCCL_P2P_LEVEL", lvl))))
-    if p2p_disable:
-        for proto, algo in itertools.product(PROTOS, ALGOS):
-            out.append(Combo(f"{proto}/{algo}/P2P off",
-                             (("NCCL_PROTO", proto), ("NCCL_ALGO", algo), ("NCCL_P2P_DISABLE", "1"))))
+        out.append((f"{proto}/{algo}/P2P {lvl}",
+                    {**NCCL_ONLY, "NCCL_PROTO": proto, "NCCL_ALGO": algo, "NCCL_P2P_LEVEL": lvl}, False))
+    for proto, algo in itertools.product(PROTOS, ALGOS):
+        out.append((f"{proto}/{algo}/P2P off",
+                    {**NCCL_ONLY, "NCCL_PROTO": proto, "NCCL_ALGO": algo, "NCCL_P2P_DISABLE": "1"}, False))
     return out
 
 
-@dataclass
-class SweepConfig:
-    hidden: int = 7168
-    tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    ops_per_graph: int = 100
-    replays: int = 20
-    dry_run: bool = False
+def _toml(v) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
 
 
-@dataclass
-class ComboResult:
-    label: str
-    env: dict
-    rows: list[dict] = field(default_factory=list)   # per message size
-    error: str = ""
-    elapsed_s: float = 0.0
-    nccl_version: str = ""
-
-    @property
-    def p2p_disabled(self) -> bool:
-        return self.env.get("NCCL_P2P_DISABLE") == "1"
-
-
-# -- one process per rank --------------------------------------------------------------------
-def _worker(rank: int, world: int, env: dict, init: str, cfg: SweepConfig, out) -> None:
-    for k in SWEPT:                     # what the parent had exported must not leak into a combination
-        os.environ.pop(k, None)
-    os.environ.update(env)
-    try:
-        import torch
-        import torch.distributed as dist
-        cuda = not cfg.dry_run
-        if cuda:
-            torch.cuda.set_device(rank)
-        device = torch.device(f"cuda:{rank}" if cuda else "cpu")
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world,
-                                **({"device_id": device} if cuda else {}))
-        dtype = torch.bfloat16  # decode activations; gloo reduces bf16 too
-        rows = []
-        for t in cfg.tokens:
-            x = torch.zeros(cfg.hidden * t, dtype=dtype, device=device)
-
-            def all_reduces():
-                for _ in range(cfg.ops_per_graph):
-                    dist.all_reduce(x)
-
-            us = time_ms(all_reduces, device, iters=cfg.replays) * 1000.0 / cfg.ops_per_graph
-            rows.append({"tokens": t, "bytes": x.numel() * x.element_size(), "us": us})
-        version = ".".join(map(str, torch.cuda.nccl.version())) if cuda else "gloo"
-        dist.barrier()
-        dist.destroy_process_group()
-        if rank == 0:
-            out.put({"rows": rows, "nccl_version": version})
-    except Exception:
-        out.put({"error": f"rank {rank}: {traceback.format_exc(limit=4)}"})
-
-
-# -- the parent: one fresh process group per combination ---------------------------------------
-def run_combo(ctx, combo: Combo, world: int, cfg: SweepConfig, timeout_s: float) -> ComboResult:
-    env = {**BASE_ENV, **dict(combo.env)}
-    res = ComboResult(combo.label, env)
-    out = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_worker, args=(r, world, env, init, cfg, out), daemon=True) for r in range(world)]
-    t0 = time.time()
-    for p in procs:
-        p.start()
-    try:
-        got = out.get(timeout=timeout_s)
-        res.rows, res.nccl_version = got.get("rows", []), got.get("nccl_version", "")
-        res.error = got.get("error", "")
-    except queue_mod.Empty:
-        res.error = f"timed out after {timeout_s:.0f} s"
-    for p in procs:
-        p.join(timeout=10 if not res.error else 2)
-        if p.is_alive():
-            p.terminate()
-            p.join(5)
-    res.elapsed_s = time.time() - t0
-    return res
-
-
-def score(res: ComboResult) -> float | None:
-    """Geometric mean latency over message sizes (each size counts equally)."""
-    vals = [r["us"] for r in res.rows if r["us"]]
-    if res.error or not vals or len(vals) != len(res.rows):
-        return None
-    return math.exp(sum(math.log(v) for v in vals) / len(vals))
-
-
-def pick(results: list[ComboResult], p2p_disabled: bool) -> ComboResult | None:
-    cands = [r for r in results if score(r) is not None and r.p2p_disabled == p2p_disabled]
-    return min(cands, key=score) if cands else None
-
-
-def fragment(best: ComboResult, note: str, header: str) -> str:
-    lines = [f"# {header}", f"# {note}",
-             f"# geometric-mean all-reduce latency {score(best):.1f} us; setting: {best.label}", "[env]"]
-    lines += [f'{k} = "{v}"' for k, v in sorted(best.env.items())]
+def profile_text(a, pair: tuple[Path, Path], steps: int | dict, env: dict, custom_ar: bool,
+                 header: str = "", graphs: list[int] | None = None) -> str:
+    """A launch profile serving the dummy shape: `steps` a count or a {batch size: steps} table."""
+    table = steps if isinstance(steps, dict) else {}
+    most = max(table.values(), default=0) if table else steps
+    cpu = a.device == "cpu"
+    extra = {"load_format": "dummy", "skip_tokenizer_init": True, "enable_prefix_caching": False}
+    if not custom_ar:
+        extra["disable_custom_all_reduce"] = True
+    if not cpu:
+        extra["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                       **({"cudagraph_capture_sizes": graphs} if graphs else {})}
+    env = {**({"VLLM_CPU_KVCACHE_SPACE": "2"} if cpu else {**BASE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}), **env}
+    lines = [f"# {line}" for line in header.splitlines()] + [
+        f'description = "vLLM, TP {a.tp}, {a.shape} shape with dummy weights, EAGLE-3 chain"', 'engine = "vllm"',
+        "", "[model]", f"path = {_toml(str(pair[0]))}", f"draft = {_toml(str(pair[1]))}",
+        "", "[parallel]", f"tp = {a.tp}",
+        "", "[speculative]", f"enabled = {_toml(most > 0)}", f"steps = {max(most, 1)}", "topk = 1",
+        *([f"steps_by_batch = {_toml(table)}"] if table and most > 0 else []),
+        "", "[env]", *(f"{k} = {_toml(v)}" for k, v in sorted(env.items())),
+        "", "[vllm]", f'dtype = "{"float32" if cpu else "bfloat16"}"', f"max_model_len = {a.max_model_len}",
+        f"max_num_seqs = {max(a.concurrency)}", f"gpu_memory_utilization = {a.gpu_memory_utilization}",
+        *(["enforce_eager = true"] if cpu else []),
+        "", "[vllm.extra]", *(f"{k} = {_toml(v)}" for k, v in extra.items())]
     return "\n".join(lines) + "\n"
 
 
-def markdown(result: dict, results: list[ComboResult]) -> str:
-    sizes = [r["bytes"] for r in next((x.rows for x in results if x.rows), [])]
-    default = next((r for r in results if r.label == "default"), None)
-    base = score(default) if default else None
+def engine_args(path: Path, a, steps: int) -> tuple[dict, dict]:
+    """(vLLM keyword arguments, environment) of a profile file, as our server resolves them, with
+    the benchmark's synthetic acceptance added."""
+    from launch.engine_args import vllm_engine_args
+    from launch.profiles import resolve
+
+    launch = resolve(str(path), environ={})
+    kw = vllm_engine_args(launch.profile)
+    if steps and a.accept != "none":
+        kw["speculative_config"].update(rejection_sample_method="synthetic",
+                                        synthetic_acceptance_rates=tp_shapes.CURVES[a.accept][:steps])
+    return kw, launch.env
+
+
+def run_point(a, work: Path, key: str, steps: int, env: dict, custom_ar: bool, conc: list[int]) -> dict:
+    path = work / f"{key.replace('/', '-').replace(' ', '_')}.toml"
+    path.write_text(profile_text(a, a.pair, steps, env, custom_ar, graphs=tp_shapes.capture_sizes(conc, steps)))
+    kw, penv = engine_args(path, a, steps)
+    point = {"key": key, "steps": steps, "env": penv, "custom_all_reduce": custom_ar,
+             "kwargs": kw, "concurrency": conc}
+    print(f"== {key}: steps {steps}, concurrency {conc}\n   env {json.dumps(point['env'])}\n"
+          f"   vLLM {json.dumps(kw)}", flush=True)
+    if a.dry_run:
+        return point
+    job = {"kwargs": kw, "steps": steps, "concurrency": conc, "prompt_len": a.prompt_len,
+           "max_tokens": a.max_tokens, "rounds": a.rounds, "vocab": tp_shapes.SHAPES[a.shape]["vocab_size"],
+           "out": str(work / "result.json")}
+    (work / "job.json").write_text(json.dumps(job))
+    child_env = {k: v for k, v in os.environ.items() if k not in SWEPT}  # exported settings must not leak
+    child_env.update(point["env"])
+    root = str(Path(__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
+    if a.device == "cpu":
+        iomp = Path(a.python).resolve().parent.parent / "lib" / "libiomp5.so"
+        if iomp.is_file():
+            child_env["LD_PRELOAD"] = str(iomp)
+    t0 = time.time()
+    (work / "result.json").unlink(missing_ok=True)
+    log = a.logs / f"{path.stem}.log"
+    try:
+        with log.open("w") as f:
+            proc = subprocess.run([a.python, "-m", "benchmarks.tensor_parallel", str(work / "job.json")],
+                                  env=child_env, cwd=root, stdout=f, stderr=subprocess.STDOUT, timeout=a.point_timeout)
+        if proc.returncode:  # the first error line vLLM printed names the root cause; the log has the rest
+            errors = [x for x in log.read_text().splitlines() if "Error: " in x and "EngineDeadError" not in x]
+            point["error"] = f"exit {proc.returncode}: " + (errors[-1].strip() if errors else "") + f" (log: {log})"
+        else:
+            point.update(json.loads((work / "result.json").read_text()))
+    except subprocess.TimeoutExpired:
+        point["error"] = f"timed out after {a.point_timeout:.0f} s (log: {log})"
+    point["elapsed_s"] = time.time() - t0
+    print(f"   {point['elapsed_s']:.0f} s " + (f"ERROR {point['error'].strip().splitlines()[-1]}" if "error" in point
+                                              else " ".join(f"c{r['concurrency']}: {r['step_ms']:.2f} ms "
+                                                            f"{r['tok_s']:.0f} tok/s" for r in point["rows"])),
+          flush=True)
+    return point
+
+
+def score(point: dict) -> float | None:
+    """Geometric mean step time over the concurrencies (each counts equally)."""
+    rows = point.get("rows")
+    if not rows or "error" in point:
+        return None
+    return math.exp(sum(math.log(r["step_ms"]) for r in rows) / len(rows))
+
+
+def steps_table(points: list[dict]) -> dict:
+    """{concurrency: the step count with the most tok/s there}."""
+    best: dict = {}
+    for p in points:
+        for r in p.get("rows", []):
+            if r["concurrency"] not in best or r["tok_s"] > best[r["concurrency"]][1]:
+                best[r["concurrency"]] = (p["steps"], r["tok_s"])
+    return {str(c): best[c][0] for c in sorted(best)}
+
+
+def markdown(result: dict) -> str:
     rows = []
-    for r in results:
-        by = {x["bytes"]: x["us"] for x in r.rows}
-        s = score(r)
-        rows.append([r.label] + [by.get(b) for b in sizes]
-                    + [s, f"{s / base:.2f}" if s and base else None, r.error.splitlines()[-1][:60] if r.error else ""])
-    c = result["config"]
-    if c["dry_run"]:
-        how = "gloo on CPU, eager (dry run: timings meaningless)"
-    else:
-        how = (f"NCCL {result['nccl_version']}, captured in one CUDA graph ({c['ops_per_graph']} all-reduces per "
-               f"graph, median of 5 rounds of {c['replays']} replays)")
-    out = [f"# NCCL all-reduce sweep: {result['name']}\n\n", f"`{result['provenance']['command']}`\n\n",
-           f"{result['world_size']} ranks, {how}, "
-           f"messages hidden {c['hidden']} x tokens {list(c['tokens'])} x 2 bytes; base env {BASE_ENV}; "
-           f"{result['total_s']:.0f} s total. Microseconds per all-reduce:\n\n",
-           md_table(["setting"] + [_kb(b) for b in sizes] + ["geomean us", "vs default", "error"], rows)]
-    for tag in ("best", "best_no_p2p"):
-        b = result.get(tag)
-        if b:
-            out.append(f"\n**{tag}**: {b['label']}, geomean {b['score_us']:.1f} us"
-                       + (f" ({b['score_us'] / base:.2f}x default)" if base else "") + f" -> `{b['fragment']}`\n")
-    return "".join(out)
+    for p in result["points"]:
+        for r in p.get("rows") or [{}]:
+            rows.append([p["phase"], p["key"], p["steps"], r.get("concurrency"), r.get("step_ms"), r.get("tok_s"),
+                         r.get("accept_length"),
+                         tp_shapes.accept_length(tp_shapes.CURVES[result["accept"]], p["steps"])
+                         if result["accept"] != "none" and p["steps"] else None,
+                         p["error"].strip().splitlines()[-1][:70] if "error" in p else ""])
+    return (f"# vLLM at TP {result['tp']}: {result['shape']} ({result['layers']} layers), accept {result['accept']}\n\n"
+            f"`{result['provenance']['command']}`\n\n{result['note']}\n\n"
+            + md_table(["phase", "point", "steps", "concurrency", "step ms", "tok/s", "accept length", "curve's",
+                        "error"], rows)
+            + f"\n\nNCCL winner: {result.get('nccl_winner')}; steps table: {result.get('steps_by_batch')}; "
+              f"profile: `{result.get('profile')}`\n")
 
 
-def _kb(b: int) -> str:
-    return f"{b / 1024:.0f} KB" if b < 1 << 20 else f"{b / (1 << 20):.2f} MB"
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["decode"]:
-        from benchmarks.tensor_parallel import main as decode
-        return decode((sys.argv[1:] if argv is None else argv)[1:])
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU)")
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
-    ap.add_argument("--ops-per-graph", type=int, default=100)
-    ap.add_argument("--replays", type=int, default=20, help="back-to-back replays per timed round (5 rounds)")
-    ap.add_argument("--no-p2p-disable", action="store_true", help="skip the NCCL_P2P_DISABLE=1 combinations")
-    ap.add_argument("--only", help="comma list of combination labels to run (e.g. 'default,LL/Ring/P2P SYS')")
-    ap.add_argument("--combo-timeout", type=float, default=45.0, help="seconds before a hung combination is killed")
-    ap.add_argument("--dry-run", action="store_true", help="CPU smoke mode: gloo, no CUDA graphs")
-    ap.add_argument("--name", help="output stem (default <nproc>x<gpu>)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (GPUs)")
+    ap.add_argument("--shape", default="8b", choices=sorted(tp_shapes.SHAPES))
+    ap.add_argument("--layers", type=int, help="target depth (default: the full depth where it fits, see fit_layers)")
+    ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU, for the depth that fits")
+    ap.add_argument("--accept", default="8b", choices=[*tp_shapes.CURVES, "none"],
+                    help="synthetic acceptance curve (none: vLLM verifies for real, as on CPU)")
+    ap.add_argument("--steps", default="0,1,2,3,4,5,6,7", help="draft steps of the step sweep")
+    ap.add_argument("--concurrency", default="1,2,8,32")
+    ap.add_argument("--nccl-steps", type=int, default=2, help="draft steps during the NCCL sweep")
+    ap.add_argument("--nccl-concurrency", default="1,8")
+    ap.add_argument("--only", help="comma list of NCCL points to run (labels of all_combos)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="timed generate calls per concurrency (median)")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--python", default=sys.executable, help="the interpreter vLLM is installed in")
+    ap.add_argument("--point-timeout", type=float, default=420.0, help="seconds before a vLLM start is abandoned")
+    ap.add_argument("--dry-run", action="store_true", help="print every point's vLLM arguments and environment")
+    ap.add_argument("--resume", action="store_true", help="keep the points the JSON already holds")
+    ap.add_argument("--name", help="output stem (default tp<N>-<shape>)")
     ap.add_argument("--out-dir", default="runs/nccl")
-    args = ap.parse_args(argv)
-
-    cfg = SweepConfig(hidden=args.hidden, tokens=tuple(int(t) for t in args.tokens.split(",")),
-                      ops_per_graph=args.ops_per_graph, replays=args.replays, dry_run=args.dry_run)
-    combos = all_combos(not args.no_p2p_disable)
-    if args.only:
-        want = [w.strip() for w in args.only.split(",")]
-        combos = [c for c in combos if c.label in want]
-    import multiprocessing as mp
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])  # import once; CUDA starts in each child
-    gpus = [] if args.dry_run else nvidia_gpus()
-    name = args.name or f"{args.nproc}x" + (gpus[0]["name"].replace("NVIDIA ", "").replace(" ", "-") if gpus
-                                            else "cpu-dry-run" if args.dry_run else "gpu")
-
-    t0, results = time.time(), []
-    for i, combo in enumerate(combos):
-        r = run_combo(ctx, combo, args.nproc, cfg, args.combo_timeout)
-        results.append(r)
-        s = score(r)
-        print(f"[{i + 1}/{len(combos)}] {combo.label:<22} {r.elapsed_s:5.1f} s  "
-              + (f"geomean {s:.1f} us" if s else f"ERROR {r.error.strip().splitlines()[-1] if r.error else ''}"),
-              flush=True)
-    out = Path(args.out_dir)
+    a = ap.parse_args(argv)
+    a.steps = [int(s) for s in a.steps.split(",")]
+    a.concurrency = [int(c) for c in a.concurrency.split(",")]
+    full = tp_shapes.SHAPES[a.shape]["num_hidden_layers"]
+    layers = max(3, a.layers or tp_shapes.fit_layers(a.shape, a.tp, a.gpu_gib))  # three aux layers
+    name = a.name or f"tp{a.tp}-{a.shape}"
+    out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"name": name, "world_size": args.nproc, "config": asdict(cfg), "base_env": BASE_ENV,
-              "nccl_version": next((r.nccl_version for r in results if r.nccl_version), ""),
-              "total_s": time.time() - t0, "score": "geometric mean of us over message sizes",
-              "results": [asdict(r) for r in results], "provenance": provenance(argv)}
-    header = f"written by benchmarks/nccl_sweep.py ({result['provenance']['created']}, {name})"
-    for tag, p2p_off, note in (
-            ("best", False, "fastest setting with peer-to-peer on this machine"),
-            ("best_no_p2p", True, "fastest with NCCL_P2P_DISABLE=1: an approximation of PCIe GPUs without P2P")):
-        b = pick(results, p2p_off)
-        if b:
-            frag = out / f"{name}-{tag.replace('_', '-')}.toml"
-            frag.write_text(fragment(b, note, header))
-            result[tag] = {"label": b.label, "env": b.env, "score_us": score(b), "fragment": str(frag)}
-    write_result(out / f"{name}.json", result, markdown(result, results))
+    a.logs = out / f"{name}-logs"
+    a.logs.mkdir(exist_ok=True)
+    a.pair = tp_shapes.write_pair(a.shape, layers, (out / f"{name}-models").resolve())
+    note = (f"{a.shape}: {layers} of {full} layers" + (" (cut to fit the GPUs)" if layers < full else "")
+            + f"; synthetic acceptance {a.accept}" + (f" {tp_shapes.CURVES[a.accept]} (unconditional per position)"
+                                                      if a.accept != "none" else " (none: verified for real)")
+            + f"; prompts {a.prompt_len} tokens, {a.max_tokens} generated, greedy, median of {a.rounds}")
+    path = out / f"{name}.json"
+    done = {p["key"]: p for p in json.loads(path.read_text())["points"] if "error" not in p} \
+        if a.resume and path.is_file() else {}
+    result = {"name": name, "tp": a.tp, "shape": a.shape, "layers": layers, "full_layers": full,
+              "accept": a.accept, "note": note, "points": [], "provenance": provenance(argv)}
+
+    def point(phase, key, steps, env, custom_ar, conc):
+        p = done.get(key) or run_point(a, work, key, steps, env, custom_ar, conc)
+        p["phase"] = phase
+        result["points"].append(p)
+        if not a.dry_run:
+            write_result(path, result, markdown(result))
+        return p
+
+    print(note, flush=True)
+    winner = ("vllm default", {}, True)
+    with tempfile.TemporaryDirectory(prefix="nccl-sweep-") as tmp:
+        work = Path(tmp)
+        if a.tp == 1:
+            print("TP 1: no all-reduce, nothing for the NCCL sweep; step sweep only", flush=True)
+        else:
+            combos = all_combos()
+            if a.only:
+                combos = [c for c in combos if c[0] in a.only.split(",")]
+            nccl_conc = [int(c) for c in a.nccl_concurrency.split(",")]
+            points = [(point("nccl", label, a.nccl_steps, env, car, nccl_conc), (label, env, car))
+                      for label, env, car in combos]
+            ranked = [(score(p), c) for p, c in points if score(p) is not None]
+            if ranked:
+                winner = min(ranked, key=lambda x: x[0])[1]
+            result["nccl_winner"] = winner[0]
+        label, env, car = winner
+        steps = [point("steps", f"steps {k}", k, env, car, a.concurrency) for k in a.steps]
+    if a.dry_run:
+        return result
+    table = steps_table(steps)
+    result["steps_by_batch"] = table
+    header = (f"Written by benchmarks/nccl_sweep.py ({result['provenance']['created']}): {note}.\n"
+              f"NCCL: {label}; steps per batch size from tok/s of each step count at each concurrency.")
+    prof = out / f"{name}.toml"
+    prof.write_text(profile_text(a, a.pair, table or 0, env, car, header))
+    engine_args(prof, a, 0)  # the written profile resolves as our server resolves it
+    result["profile"] = str(prof)
+    write_result(path, result, markdown(result))
+    print(markdown(result))
     return result
 
 

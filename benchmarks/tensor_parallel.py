@@ -1,223 +1,205 @@
-"""Tensor parallelism for the Llama target, gpt-fast style, and the batch-1 decode it gives.
+"""Large shapes served through vLLM at tensor parallel N with dummy weights, and one measured vLLM start.
 
-Production engines (SGLang, vLLM) own tensor parallelism; this is the measuring stick for NCCL
-settings end to end. Each rank keeps 1/world of every decoder layer: q/k/v and gate/up split by
-heads / intermediate channels (column-parallel), o_proj and down_proj by input (row-parallel)
-followed by a sum all-reduce, so every rank ends each layer with the same hidden state. The
-embedding is replicated; lm_head too or, with `vocab_parallel`, split by vocabulary and
-all-gathered. Every rank computes the same logits, so decode control flow stays identical
-without extra communication, and a replicated EAGLE-3 drafter sees the same aux states.
-`model.config` becomes the rank's shard config (KV caches sized for local heads); the full one
-stays in `model.tp.full_config`. The all-reduces are c10d collectives in eager mode (capturable
-in CUDA graphs once the group has run one: `warm_up`) and functional collectives when compiled.
+The parent (benchmarks/nccl_sweep.py) writes a target and an EAGLE-3 drafter as config.json files only:
+vLLM builds them with `load_format="dummy"` (random weights; the drafter's d2t stays zero, so draft id =
+target id). The drafter is one Llama layer of the target's width in vLLM's aux-id convention (ids are
+INPUTS of target layers: models/eagle3_checkpoint.config_to_hf). Shapes:
+  8b        Llama-3.1-8B, whole (the 8B anchor)
+  70b       Llama-3.1-70B, cut to the depth that fits the GPUs (`fit_layers`; the record says so)
+  deepseek  DeepSeek-V3's MLA attention at reduced depth with dense MLPs in every layer: the GPU bundle
+            (benchmarks/gpu/vllm_bundle.sh) drops vLLM's MoE ops and FlashMLA; vLLM picks another MLA
+            backend. vLLM's CPU build runs MLA, but with EAGLE-3 only under VLLM_MLA_DISABLE=1.
+  tiny      a 4-layer Llama for vLLM's CPU build (its attention needs head_dim 64).
 
-`main`: one process per GPU (torchrun); every rank builds the same random target, keeps its
-shard and decodes with BatchDecoder (CUDA graphs, the all-reduces inside them), so NCCL settings
-from the environment (or --profile's [env]) are measured end to end, with the bytes each rank
-streams per token against the copy bandwidth of its GPU. Rank 0 writes JSON. Without torchrun:
-one process (TP 1).
+Synthetic acceptance is vLLM's own benchmark option, no patch: speculative_config
+`rejection_sample_method="synthetic"` with `synthetic_acceptance_rates`, the UNCONDITIONAL rate of each
+position (the share of verifies whose first i+1 drafts are all accepted; non-increasing, one per
+speculative token). CURVES hold them for 7 steps; a run with k steps takes the first k. vLLM's CPU
+sampling refuses it (vllm/utils/cpu_triton_utils.py), so CPU runs verify for real (`--accept none`).
 
-  torchrun --nproc-per-node 2 -m benchmarks nccl decode --shape 8b --profile reference --name tp2
+`python -m benchmarks.tensor_parallel SPEC.json` runs in vLLM's interpreter: one `LLM(**kwargs)`, then
+per concurrency c: c random prompts at once, greedy, ignore_eos, timed at max_tokens 1 (prefill) and
+N; step time = (t_N - t_1) / verify steps per request; spec counters from `LLM.get_metrics()`.
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
+import itertools
 import json
-import os
+import math
+import random
 import statistics
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-
-from models.llama import LlamaConfig, LlamaModel
-
-
-@dataclass
-class TPInfo:
-    rank: int
-    world_size: int
-    full_config: LlamaConfig
-    vocab_parallel: bool
-    group: object = None
-
-
-def check_divisible(config: LlamaConfig, world_size: int, vocab_parallel: bool = False) -> None:
-    """Name the dimension that does not split evenly over `world_size` ranks."""
-    dims = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
-            "intermediate_size": config.intermediate_size, **({"vocab_size": config.vocab_size} if vocab_parallel
-                                                               else {})}
-    for name, value in dims.items():
-        if value % world_size:
-            raise ValueError(f"tensor parallel size {world_size}: config {name}={value} is not divisible by it")
-
-
-def _keep(linear: nn.Linear, rank: int, parts: int, dim: int) -> None:
-    """Keep this rank's output features (dim 0: column-parallel, with the bias) or input features
-    (dim 1: row-parallel, the output a partial sum)."""
-    n = linear.weight.shape[dim] // parts
-    linear.weight = nn.Parameter(linear.weight.data.narrow(dim, rank * n, n).clone(), requires_grad=False)
-    if dim == 0 and linear.bias is not None:
-        linear.bias = nn.Parameter(linear.bias.data[rank * n:(rank + 1) * n].clone(), requires_grad=False)
-    setattr(linear, "out_features" if dim == 0 else "in_features", n)
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5,
+         "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+         "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "vocab_size": 128256, "head_dim": 128}
+SHAPES = {
+    "8b": {**LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8},
+    "70b": {**LLAMA, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+            "num_attention_heads": 64, "num_key_value_heads": 8},
+    "deepseek": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_act": "silu",
+                 "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
+                 "first_k_dense_replace": 61, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+                 "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+                 "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+                 "routed_scaling_factor": 2.5, "num_attention_heads": 128, "num_key_value_heads": 128,
+                 "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                 "v_head_dim": 128, "head_dim": 64, "vocab_size": 129280, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                 "max_position_embeddings": 8192, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                 "bos_token_id": 0, "eos_token_id": 1, "num_nextn_predict_layers": 0},
+    "tiny": {**LLAMA, "vocab_size": 512, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 1024},
+}
+# The drafter's attention (DESIGN.md section 1: Kimi-K2.5's drafter is 64 heads of 128 on hidden 7168).
+DRAFT_HEADS = {"deepseek": (64, 64, 128)}
+DRAFT_VOCAB = {"8b": 32000, "70b": 32000, "deepseek": 32000, "tiny": 256}
 
 
-# torch >= 2.12 renames all_gather_into_tensor (dim-0 concatenation) to all_gather_single.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+def _marginal(conditional: list[float]) -> list[float]:
+    return [round(math.prod(conditional[:i + 1]), 4) for i in range(len(conditional))]
 
 
-def _all_reduce_hook(group):
-    def hook(module, args, output):
-        if torch.compiler.is_compiling():  # functional collectives trace into compiled graphs
-            from torch.distributed import _functional_collectives as funcol
-            return funcol.all_reduce(output, "sum", group or dist.group.WORLD)
-        dist.all_reduce(output, op=dist.ReduceOp.SUM, group=group)
-        return output
-    return hook
+# Unconditional per-position rates (vLLM's convention), 7 steps each; accept length at k steps = 1 + sum(first k).
+CURVES = {
+    # our engine's 8B synthetic run (benchmarks/results/2026-12-h200-8b-synthetic): conditional
+    # 0.9 .. 0.6, accept length 3.29 at 3 steps, 4.42 at 7
+    "8b": _marginal([0.9, 0.86, 0.8, 0.75, 0.7, 0.65, 0.6]),
+    # the reference team's drafter: accept length 2.1 at 2 steps (2.32 at 3, like vLLM's published
+    # K2.5 MLA drafter's 0.65 / 0.40 / 0.25)
+    "reference": [0.7, 0.4, 0.22, 0.12, 0.065, 0.035, 0.02],
+    # the public Kimi-K2 drafter (AQ-MedAI): 3.36 at 3 steps, 5.2 at 7 (its HumanEval / GSM8K figures)
+    "kimi-k2": [0.87, 0.78, 0.71, 0.57, 0.49, 0.42, 0.36],
+}
 
 
-def _all_gather_vocab_hook(group, world_size: int):
-    def hook(module, args, output):
-        # output [..., V/world] -> [..., V]: gather along dim 0, then move the rank axis next to vocab.
-        out = output.contiguous()
-        if torch.compiler.is_compiling():
-            from torch.distributed import _functional_collectives as funcol
-            gathered = funcol.all_gather_tensor(out, 0, group or dist.group.WORLD)
-        else:
-            gathered = torch.empty((world_size * out.shape[0], *out.shape[1:]), dtype=out.dtype, device=out.device)
-            _all_gather(gathered, out, group=group)
-        gathered = gathered.view(world_size, *out.shape)
-        return gathered.movedim(0, -2).reshape(*out.shape[:-1], world_size * out.shape[-1])
-    return hook
+def accept_length(curve: list[float], steps: int) -> float:
+    return 1.0 + sum(curve[:steps])
 
 
-def shard_model(model: LlamaModel, rank: int, world_size: int, group=None, vocab_parallel: bool = False) -> LlamaModel:
-    """Slice a loaded LlamaModel (whole and identical on every rank) in place for `rank`, before
-    `setup_cache`."""
-    full = model.config
-    check_divisible(full, world_size, vocab_parallel)
-    model.tp = TPInfo(rank, world_size, full, vocab_parallel and world_size > 1, group)
-    if world_size == 1:
-        return model
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
-            _keep(lin, rank, world_size, 0)
-        for lin in (attn.o_proj, mlp.down_proj):
-            _keep(lin, rank, world_size, 1)
-            lin.register_forward_hook(_all_reduce_hook(group))
-        attn.heads //= world_size
-        attn.kv_heads //= world_size
-        attn.kv_cache = None
-    if vocab_parallel:
-        if full.tie_word_embeddings:  # untie: the embedding stays whole
-            model.lm_head.weight = nn.Parameter(model.lm_head.weight.data.clone(), requires_grad=False)
-        _keep(model.lm_head, rank, world_size, 0)
-        model.lm_head.register_forward_hook(_all_gather_vocab_hook(group, world_size))
-    model.config = dataclasses.replace(
-        full, num_attention_heads=full.num_attention_heads // world_size,
-        num_key_value_heads=full.num_key_value_heads // world_size,
-        intermediate_size=full.intermediate_size // world_size)
-    return model
+def layer_params(c: dict) -> int:
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    if "kv_lora_rank" in c:  # MLA: q_a, q_b, kv_a, kv_b, o; a dense MLP
+        heads, qk = c["num_attention_heads"], c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+        attn = (h * c["q_lora_rank"] + c["q_lora_rank"] * heads * qk + h * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+                + c["kv_lora_rank"] * heads * (c["qk_nope_head_dim"] + c["v_head_dim"]) + heads * c["v_head_dim"] * h)
+    else:
+        hd = c["head_dim"]
+        attn = 2 * h * c["num_attention_heads"] * hd + 2 * h * c["num_key_value_heads"] * hd
+    return attn + 3 * h * inter
 
 
-def warm_up(device: torch.device, group=None) -> None:
-    """Run one collective so NCCL communicators exist before any CUDA graph capture."""
-    dist.all_reduce(torch.ones(1, device=device), group=group)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def drafter_config(shape: str, target: dict) -> dict:
+    """The EAGLE-3 drafter of the target's shape, vLLM's aux ids (inputs of layers 2, L/2, L-3 in
+    SGLang's output ids, + 1)."""
+    from models.eagle3 import Eagle3Config
+    from models.eagle3_checkpoint import config_to_hf
+
+    layers = target["num_hidden_layers"]
+    heads, kv, hd = DRAFT_HEADS.get(shape, (target["num_attention_heads"], target["num_key_value_heads"],
+                                            target["head_dim"]))
+    aux = [1, layers // 2 - 1, layers - 4]  # vLLM captures each layer once: three distinct layers
+    if not 0 <= aux[0] < aux[1] < aux[2]:
+        aux = [0, 1, 2]
+    cfg = Eagle3Config(hidden_size=target["hidden_size"], intermediate_size=target["intermediate_size"],
+                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd,
+                       vocab_size=target["vocab_size"], draft_vocab_size=DRAFT_VOCAB[shape],
+                       target_hidden_size=target["hidden_size"], aux_layer_ids=aux, rope_theta=target["rope_theta"],
+                       max_position_embeddings=target["max_position_embeddings"])
+    return config_to_hf(cfg, "vllm")
 
 
-def decode_rate(dec, prompt: list[int], tokens: int) -> tuple[float, float]:
-    """(tok/s after the first token, tokens per step), step by step: every rank drives its own
-    decoder and must run exactly the steps the others run (the all-reduces pair up), so no step
-    is launched ahead and none stops early."""
-    from engine.sampling import BatchSampling
-
-    s = BatchSampling.all_greedy_rows(1, dec.device)
-    dec.prefill(0, prompt, s)
-    sync = torch.cuda.synchronize if dec.device.type == "cuda" else (lambda: None)
-    sync()
-    t0, n, steps = time.perf_counter(), 1, 0
-    while n < tokens:
-        n, steps = n + len(dec.step(1, s)[0].tokens), steps + 1
-    sync()
-    return (n - 1) / (time.perf_counter() - t0), (n - 1) / steps
+def drafter_params(d: dict) -> int:
+    h, heads, kv, hd = d["hidden_size"], d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"]
+    attn = 2 * h * (heads + 2 * kv) * hd + heads * hd * h
+    return attn + 3 * h * d["intermediate_size"] + 3 * d["target_hidden_size"] * h + h * d["draft_vocab_size"] \
+        + h * d["vocab_size"]
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    from benchmarks.report import provenance, write_json
-    from benchmarks.shapes import random_drafter, random_target, weight_bytes
-    from benchmarks.timing import copy_bandwidth
-    from engine.decoder import BatchDecoder, SpecConfig
-    from models.layers import fuse_projections
+def fit_layers(shape: str, tp: int, gpu_gib: float, weight_share: float = 0.7) -> int:
+    """The depth whose bf16 weights (target and drafter) take at most `weight_share` of the GPUs'
+    memory, the rest left to KV cache, activations and graphs; the full depth where it fits."""
+    c = SHAPES[shape]
+    fixed = 2 * c["vocab_size"] * c["hidden_size"] + drafter_params(drafter_config(shape, c))
+    budget = weight_share * tp * gpu_gib * 2 ** 30 / 2  # parameters
+    return max(3, min(c["num_hidden_layers"], int((budget - fixed) // layer_params(c))))
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="8b", choices=["8b", "tiny"], help="random-weight target shape")
-    ap.add_argument("--steps", type=int, default=0, help="speculative steps with a random drafter (0: none)")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--vocab-parallel", action="store_true", help="split lm_head by vocabulary + all-gather")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the decode step (collectives as funcol)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--profile", help="apply this launch profile's [env] (NCCL settings) before NCCL starts")
-    ap.add_argument("--name", help="output stem (default tp<N>-<shape>)")
-    ap.add_argument("--out-dir", default="runs/tp_decode")
-    args = ap.parse_args(argv)
-    if args.profile:  # the environment a server started with this profile would have
-        from launch.profiles import resolve
-        os.environ.update(resolve(args.profile).env)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # required on the lent machines; before NCCL starts
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
-    dtype = getattr(torch, args.dtype)
-    if cuda:
-        torch.cuda.set_device(device)
-    if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                                **({"device_id": device} if cuda else {}))
-    target = random_target(args.shape, device, dtype)
-    drafter = fuse_projections(random_drafter(target, args.shape)) if args.steps else None
-    fuse_projections(shard_model(target, rank, world, vocab_parallel=args.vocab_parallel))
-    if world > 1:
-        warm_up(device)
-    bw = copy_bandwidth(gib=2) / 1e9 if cuda else None  # GB/s, on this rank's GPU
-    spec = SpecConfig(args.steps) if drafter is not None else None
-    dec = BatchDecoder(target, drafter, spec, 1, args.prompt_len + args.tokens + 64, cuda_graphs=cuda,
-                       compile=args.compile)
-    prompt = torch.randint(0, target.config.vocab_size, (args.prompt_len,),
-                           generator=torch.Generator().manual_seed(0)).tolist()
-    decode_rate(dec, prompt, min(args.tokens, 32))  # warm-up and graph capture
-    runs = [decode_rate(dec, prompt, args.tokens) for _ in range(args.repeats)]
-    tok_s = statistics.median(r[0] for r in runs)
-    per_token = weight_bytes(target) * tok_s / 1e9 if not spec else None  # GB/s: every weight once a token
-    result = {
-        "name": args.name or f"tp{world}-{args.shape}", "world_size": world, "shape": args.shape,
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu", "dtype": args.dtype,
-        "speculative": {"steps": args.steps, "tokens_per_step": statistics.mean(r[1] for r in runs)} if spec else None,
-        "compile": args.compile, "vocab_parallel": args.vocab_parallel,
-        "tok_s": tok_s, "ms_per_token": 1000.0 / tok_s, "runs_tok_s": [r[0] for r in runs],
-        "weight_bytes_per_rank": weight_bytes(target), "achieved_gb_s_per_rank": per_token,
-        "copy_bandwidth_gb_s": bw, "fraction_of_copy_bandwidth": per_token / bw if bw and per_token else None,
-        "profile": args.profile, "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
-        "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if cuda and world > 1 else None,
-        "torch": torch.__version__, "provenance": provenance(argv)}
-    if world > 1:
-        # Graphs holding NCCL kernels must go before the communicator (a run hung at the end with them alive).
-        dec.graphs.graphs.clear()
-        if cuda:
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        dist.destroy_process_group()
-    if rank != 0:
-        return None
-    path = write_json(Path(args.out_dir) / f"{result['name']}.json", result)
-    print(json.dumps(result, indent=2) + f"\nwrote {path}")
-    return result
+
+def write_pair(shape: str, layers: int, root: Path) -> tuple[Path, Path]:
+    """root/target and root/drafter, config.json each (dummy weights need nothing else)."""
+    target = {**SHAPES[shape], "num_hidden_layers": layers}
+    if "first_k_dense_replace" in target:
+        target["first_k_dense_replace"] = layers
+    out = []
+    for name, cfg in (("target", target), ("drafter", drafter_config(shape, target))):
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        out.append(d)
+    return out[0], out[1]
+
+
+def capture_sizes(concurrency: list[int], steps: int) -> list[int]:
+    """Full decode graphs for exactly the batches measured: c requests of steps + 1 tokens."""
+    return sorted({c * (steps + 1) for c in concurrency})
+
+
+# -- in vLLM's interpreter ------------------------------------------------------------------------
+def _counters(llm) -> dict:
+    out: dict = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode_num"):
+            key = m.name.removeprefix("vllm:spec_decode_num_")
+            if hasattr(m, "values"):
+                prev = out.get(key, [])
+                out[key] = [a + b for a, b in itertools.zip_longest(prev, m.values, fillvalue=0)]
+            else:
+                out[key] = out.get(key, 0) + m.value
+    return out
+
+
+def measure(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(**spec["kwargs"])
+    ready_s = time.perf_counter() - t0
+    rng = random.Random(0)
+    n, steps = spec["max_tokens"], spec["steps"]
+
+    def params(tokens):
+        return SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, detokenize=False)
+
+    def timed(prompts, tokens) -> float:
+        t = time.perf_counter()
+        llm.generate(prompts, params(tokens), use_tqdm=False)
+        return time.perf_counter() - t
+
+    rows = []
+    for c in spec["concurrency"]:
+        prompts = [{"prompt_token_ids": [rng.randrange(3, spec["vocab"]) for _ in range(spec["prompt_len"])]}
+                   for _ in range(c)]
+        timed(prompts, min(n, 16))  # warm-up
+        one = statistics.median(timed(prompts, 1) for _ in range(spec["rounds"]))
+        before = _counters(llm)
+        full = statistics.median(timed(prompts, n) for _ in range(spec["rounds"]))
+        after = _counters(llm)
+        delta = {k: ([a - b for a, b in zip(v, before.get(k, []) or [0] * len(v))] if isinstance(v, list)
+                     else v - before.get(k, 0)) for k, v in after.items()}
+        drafts = delta.get("drafts", 0)
+        verifies = drafts / (c * spec["rounds"]) if steps and drafts else n - 1
+        rows.append({"concurrency": c, "tok_s": c * n / full, "tok_s_per_request": n / full,
+                     "step_ms": 1000.0 * (full - one) / verifies, "prefill_s": one, "total_s": full,
+                     "accept_length": 1 + delta.get("accepted_tokens", 0) / drafts if drafts else None,
+                     "accept_per_pos": [a / drafts for a in delta.get("accepted_tokens_per_pos", [])] if drafts
+                     else None})
+        print(json.dumps(rows[-1]), flush=True)
+    import vllm
+    return {"rows": rows, "ready_s": ready_s, "vllm": vllm.__version__}
+
+
+if __name__ == "__main__":  # vLLM's engine core starts by spawn: the guard keeps it from re-running this
+    job = json.loads(Path(sys.argv[1]).read_text())
+    Path(job["out"]).write_text(json.dumps(measure(job)) + "\n")
