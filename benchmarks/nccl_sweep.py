@@ -1,36 +1,35 @@
 """NCCL settings and draft steps for a large shape served through vLLM at tensor parallel N.
 
-Every point is one vLLM start with dummy weights (benchmarks/tensor_parallel.py: the shapes, the
-EAGLE-3 drafter of each, the synthetic acceptance curves, the measuring process). Its engine
-arguments come from a generated launch profile through launch.engine_args.vllm_engine_args, as our
-server passes them, plus what only a benchmark sets: synthetic acceptance in speculative_config and
-graphs captured for the measured batches. It runs on vLLM's offline API, not behind our HTTP
-front-end: what is swept lives in the engine's steps, the front-end adds the same per-token work to
-every point, a profile cannot ask for synthetic acceptance, and our engine's 8B synthetic record is
-an in-process engine loop too.
+Every point is one vLLM start with dummy weights (benchmarks/tensor_parallel.py: the shapes, their
+EAGLE-3 drafters, the acceptance curves, the measuring process). Its engine arguments are those of a
+generated launch profile through launch.engine_args.vllm_engine_args, as our server passes them, plus
+what only a benchmark sets: synthetic acceptance and graphs for the measured batches. Measured on
+vLLM's offline API, not behind our HTTP front-end: what is swept lives in the engine's steps, the
+front-end adds the same per-token work to every point, a profile cannot ask for synthetic acceptance,
+and our engine's 8B synthetic record is an in-process engine loop too.
+1. NCCL sweep (TP > 1; at TP 1 there is no all-reduce to tune: skipped): vLLM's default (custom
+   all-reduce / symmetric memory), then NCCL alone (disable_custom_all_reduce, VLLM_ALLREDUCE_USE_SYMM_MEM=0,
+   VLLM_ALLREDUCE_USE_FLASHINFER=0) at its defaults, at each NCCL_PROTO x NCCL_ALGO x NCCL_P2P_LEVEL and
+   with NCCL_P2P_DISABLE=1 (PCIe GPUs without P2P); NCCL_NVLS_ENABLE=0 always. The lowest geometric-mean
+   step time wins.
+2. Step sweep: each --steps count (chain) at each --concurrency with the winner's environment; the
+   step count with the most tok/s at each concurrency becomes [speculative] steps_by_batch.
+Writes <out>/<name>.json / .md / .png as points finish (--resume keeps finished ones), vLLM's log of
+each point under <name>-logs/, and <name>.toml: a profile serving the dummy shape with the winners.
 
-1. NCCL sweep (TP > 1; at TP 1 there is no all-reduce and it is skipped): vLLM's default (custom
-   all-reduce / symmetric memory for small messages), then NCCL alone (disable_custom_all_reduce,
-   VLLM_ALLREDUCE_USE_SYMM_MEM=0, VLLM_ALLREDUCE_USE_FLASHINFER=0) at its defaults and at every
-   NCCL_PROTO x NCCL_ALGO x NCCL_P2P_LEVEL, and with NCCL_P2P_DISABLE=1 (PCIe GPUs without P2P);
-   NCCL_NVLS_ENABLE=0 always. At --nccl-steps draft steps, concurrency --nccl-concurrency; the
-   winner (geometric mean step time) goes into the profile.
-2. Step sweep: 0..7 chain steps at each concurrency with the winning environment; the fastest
-   step count per concurrency becomes [speculative] steps_by_batch.
-Writes <out>/<name>.json and .md (every point: step ms, tok/s, accept length) and <name>.toml, a
-profile serving the dummy shape with the winners (point model.path / draft at real checkpoints to
-serve them). Points are kept as they finish; --resume skips those already in the JSON.
-
-One H100 (the bundle installed: benchmarks/gpu/vllm_bundle.sh install; then `source
-/root/vllm-site/env.sh`), one device call each, about 7 minutes:
-  python -m benchmarks nccl --shape 8b --accept 8b --concurrency 1,2,4,8,16,32 --steps 0,1,2,3,5,7 --name tp1-8b --resume
-  python -m benchmarks nccl --shape 70b --accept reference --steps 0,1,2,3,4,5,6,7 --name tp1-70b --resume
-  python -m benchmarks nccl --shape 70b --accept kimi-k2 --steps 0,1,2,3,4,5,6,7 --name tp1-70b-kimi --resume
-(70b is cut to the depth that fits, 29 layers of 80 on one H100.) Eight GPUs:
-  python -m benchmarks nccl --tp 8 --shape 70b --accept reference --name tp8-70b --resume
-Print every point's vLLM arguments and environment without starting vLLM: add --dry-run.
-CPU (vLLM's CPU build; synthetic acceptance is GPU-only):
-  python -m benchmarks nccl --device cpu --shape tiny --accept none --steps 0,2 --concurrency 1,2 --python .venv-vllm/bin/python
+One H100, tree slimmed (benchmarks/device_tree.sh slim), consecutive calls on one warm machine:
+  carry .carry/vllm/vllm-bundle.tar.xz.00, .carry/vllm/SHA256SUMS:   bash benchmarks/gpu/vllm_bundle.sh stash
+  carry .carry/vllm/vllm-bundle.tar.xz.01, .02:   bash benchmarks/gpu/vllm_bundle.sh install &&
+    source /root/vllm-site/env.sh && python3 -m benchmarks nccl --shape 8b --accept 8b --steps 0,3,7
+    --concurrency 1,2,4,8,16,32 --out-dir /root/w/nccl --resume; cp /root/w/nccl/*.* $OUT/
+  source /root/vllm-site/env.sh && python3 -m benchmarks nccl --shape 70b --accept reference
+    --out-dir /root/w/nccl --resume; cp /root/w/nccl/*.* $OUT/      (70b: 29 of 80 layers fit one H100)
+A call cut at its limit loses only the point in flight: the same command again resumes. Eight GPUs:
+  python3 -m benchmarks nccl --tp 8 --shape 70b --accept reference --name tp8-70b --resume
+Every point's vLLM arguments and environment, nothing started: --dry-run. vLLM's CPU build (its
+sampler has no synthetic acceptance, so drafts are verified for real):
+  python -m benchmarks nccl --device cpu --shape tiny --accept none --steps 0,2 --concurrency 1,2 \\
+    --gpu-memory-utilization 0.2 --max-model-len 256 --python .venv-vllm/bin/python
 """
 from __future__ import annotations
 
@@ -129,14 +128,12 @@ def run_point(a, work: Path, key: str, steps: int, env: dict, custom_ar: bool, c
            "max_tokens": a.max_tokens, "rounds": a.rounds, "vocab": tp_shapes.SHAPES[a.shape]["vocab_size"],
            "out": str(work / "result.json")}
     (work / "job.json").write_text(json.dumps(job))
-    child_env = {k: v for k, v in os.environ.items() if k not in SWEPT}  # exported settings must not leak
-    child_env.update(point["env"])
     root = str(Path(__file__).resolve().parent.parent)
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
-    if a.device == "cpu":
-        iomp = Path(a.python).resolve().parent.parent / "lib" / "libiomp5.so"
-        if iomp.is_file():
-            child_env["LD_PRELOAD"] = str(iomp)
+    child_env = {k: v for k, v in os.environ.items() if k not in SWEPT}  # exported settings must not leak
+    child_env.update(point["env"], PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    iomp = Path(a.python).resolve().parent.parent / "lib" / "libiomp5.so"  # vLLM's CPU build wants its OpenMP
+    if a.device == "cpu" and iomp.is_file():
+        child_env["LD_PRELOAD"] = str(iomp)
     t0 = time.time()
     (work / "result.json").unlink(missing_ok=True)
     log = a.logs / f"{path.stem}.log"
@@ -152,19 +149,15 @@ def run_point(a, work: Path, key: str, steps: int, env: dict, custom_ar: bool, c
     except subprocess.TimeoutExpired:
         point["error"] = f"timed out after {a.point_timeout:.0f} s (log: {log})"
     point["elapsed_s"] = time.time() - t0
-    print(f"   {point['elapsed_s']:.0f} s " + (f"ERROR {point['error'].strip().splitlines()[-1]}" if "error" in point
-                                              else " ".join(f"c{r['concurrency']}: {r['step_ms']:.2f} ms "
-                                                            f"{r['tok_s']:.0f} tok/s" for r in point["rows"])),
-          flush=True)
+    print(f"   {point['elapsed_s']:.0f} s " + (point["error"] if "error" in point else " ".join(
+        f"c{r['concurrency']}: {r['step_ms']:.2f} ms {r['tok_s']:.0f} tok/s" for r in point["rows"])), flush=True)
     return point
 
 
 def score(point: dict) -> float | None:
     """Geometric mean step time over the concurrencies (each counts equally)."""
     rows = point.get("rows")
-    if not rows or "error" in point:
-        return None
-    return math.exp(sum(math.log(r["step_ms"]) for r in rows) / len(rows))
+    return math.exp(sum(math.log(r["step_ms"]) for r in rows) / len(rows)) if rows and "error" not in point else None
 
 
 def steps_table(points: list[dict]) -> dict:
@@ -185,13 +178,38 @@ def markdown(result: dict) -> str:
                          r.get("accept_length"),
                          tp_shapes.accept_length(tp_shapes.CURVES[result["accept"]], p["steps"])
                          if result["accept"] != "none" and p["steps"] else None,
-                         p["error"].strip().splitlines()[-1][:70] if "error" in p else ""])
+                         p.get("error", "")[:90]])
     return (f"# vLLM at TP {result['tp']}: {result['shape']} ({result['layers']} layers), accept {result['accept']}\n\n"
             f"`{result['provenance']['command']}`\n\n{result['note']}\n\n"
             + md_table(["phase", "point", "steps", "concurrency", "step ms", "tok/s", "accept length", "curve's",
                         "error"], rows)
             + f"\n\nNCCL winner: {result.get('nccl_winner')}; steps table: {result.get('steps_by_batch')}; "
               f"profile: `{result.get('profile')}`\n")
+
+
+def plot(result: dict, png: Path) -> None:
+    """Step sweep: tok/s over the plain rate against draft steps, a line per concurrency; NCCL sweep:
+    step time per point and concurrency."""
+    from benchmarks.report import pyplot, save_figure
+
+    nccl = [p for p in result["points"] if p["phase"] == "nccl" and p.get("rows")]
+    fig, axes = pyplot().subplots(1, 2 if nccl else 1, figsize=(13 if nccl else 6.5, 4.5), squeeze=False)
+    steps = sorted((p for p in result["points"] if p["phase"] == "steps" and p.get("rows")), key=lambda p: p["steps"])
+    plain = {r["concurrency"]: r["tok_s"] for p in steps if p["steps"] == 0 for r in p["rows"]}
+    for c in sorted({r["concurrency"] for p in steps for r in p["rows"]}):
+        xy = [(p["steps"], r["tok_s"] / plain.get(c, 1.0)) for p in steps for r in p["rows"] if r["concurrency"] == c]
+        axes[0][0].plot(*zip(*xy), marker="o", label=f"{c} requests")
+    axes[0][0].set(xlabel="draft steps (chain)", ylabel="tok/s / plain" if plain else "tok/s",
+                   title=f"TP {result['tp']}, {result['shape']} ({result['layers']} layers), accept {result['accept']}")
+    axes[0][0].legend()
+    for i, c in enumerate(sorted({r["concurrency"] for p in nccl for r in p["rows"]})):
+        ms = [next((r["step_ms"] for r in p["rows"] if r["concurrency"] == c), 0) for p in nccl]
+        axes[0][1].barh([j + 0.4 * i for j in range(len(nccl))], ms, height=0.4, label=f"{c} requests")
+    if nccl:
+        axes[0][1].set(yticks=range(len(nccl)), yticklabels=[p["key"] for p in nccl], xlabel="step ms",
+                       title="NCCL settings")
+        axes[0][1].legend()
+    save_figure(fig, png)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -277,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
     prof.write_text(profile_text(a, a.pair, table or 0, env, car, header))
     engine_args(prof, a, 0)  # the written profile resolves as our server resolves it
     result["profile"] = str(prof)
-    write_result(path, result, markdown(result))
+    write_result(path, result, markdown(result), plot)
     print(markdown(result))
     return result
 

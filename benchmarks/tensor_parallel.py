@@ -41,15 +41,14 @@ SHAPES = {
     "70b": {**LLAMA, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
             "num_attention_heads": 64, "num_key_value_heads": 8},
     "deepseek": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_act": "silu",
-                 "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
-                 "first_k_dense_replace": 61, "moe_intermediate_size": 2048, "n_routed_experts": 256,
-                 "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
-                 "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
-                 "routed_scaling_factor": 2.5, "num_attention_heads": 128, "num_key_value_heads": 128,
-                 "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-                 "v_head_dim": 128, "head_dim": 64, "vocab_size": 129280, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-                 "max_position_embeddings": 8192, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-                 "bos_token_id": 0, "eos_token_id": 1, "num_nextn_predict_layers": 0},
+                 "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61, "first_k_dense_replace": 61,
+                 "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+                 "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
+                 "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+                 "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+                 "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 64,
+                 "vocab_size": 129280, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 8192,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1},
     "tiny": {**LLAMA, "vocab_size": 512, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 1024},
 }
@@ -111,20 +110,15 @@ def drafter_config(shape: str, target: dict) -> dict:
     return config_to_hf(cfg, "vllm")
 
 
-def drafter_params(d: dict) -> int:
-    h, heads, kv, hd = d["hidden_size"], d["num_attention_heads"], d["num_key_value_heads"], d["head_dim"]
-    attn = 2 * h * (heads + 2 * kv) * hd + heads * hd * h
-    return attn + 3 * h * d["intermediate_size"] + 3 * d["target_hidden_size"] * h + h * d["draft_vocab_size"] \
-        + h * d["vocab_size"]
-
-
 def fit_layers(shape: str, tp: int, gpu_gib: float, weight_share: float = 0.7) -> int:
-    """The depth whose bf16 weights (target and drafter) take at most `weight_share` of the GPUs'
-    memory, the rest left to KV cache, activations and graphs; the full depth where it fits."""
+    """The depth whose bf16 weights take at most `weight_share` of the GPUs' memory (the rest: KV
+    cache, activations, graphs); the full depth where it fits. The drafter counts as one target layer,
+    its fc, head and embedding."""
     c = SHAPES[shape]
-    fixed = 2 * c["vocab_size"] * c["hidden_size"] + drafter_params(drafter_config(shape, c))
+    h, layer = c["hidden_size"], layer_params(c)
+    fixed = 3 * c["vocab_size"] * h + layer + 3 * h * h + h * DRAFT_VOCAB[shape]
     budget = weight_share * tp * gpu_gib * 2 ** 30 / 2  # parameters
-    return max(3, min(c["num_hidden_layers"], int((budget - fixed) // layer_params(c))))
+    return max(3, min(c["num_hidden_layers"], int((budget - fixed) // layer)))
 
 
 def write_pair(shape: str, layers: int, root: Path) -> tuple[Path, Path]:
@@ -148,15 +142,12 @@ def capture_sizes(concurrency: list[int], steps: int) -> list[int]:
 
 # -- in vLLM's interpreter ------------------------------------------------------------------------
 def _counters(llm) -> dict:
+    """vLLM's spec-decode counters (drafts, draft_tokens, accepted_tokens, accepted_tokens_per_pos), as lists."""
     out: dict = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode_num"):
-            key = m.name.removeprefix("vllm:spec_decode_num_")
-            if hasattr(m, "values"):
-                prev = out.get(key, [])
-                out[key] = [a + b for a, b in itertools.zip_longest(prev, m.values, fillvalue=0)]
-            else:
-                out[key] = out.get(key, 0) + m.value
+            k, v = m.name.removeprefix("vllm:spec_decode_num_"), m.values if hasattr(m, "values") else [m.value]
+            out[k] = [a + b for a, b in itertools.zip_longest(out.get(k, []), v, fillvalue=0)]
     return out
 
 
@@ -169,12 +160,10 @@ def measure(spec: dict) -> dict:
     rng = random.Random(0)
     n, steps = spec["max_tokens"], spec["steps"]
 
-    def params(tokens):
-        return SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, detokenize=False)
-
     def timed(prompts, tokens) -> float:
         t = time.perf_counter()
-        llm.generate(prompts, params(tokens), use_tqdm=False)
+        llm.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0, detokenize=False),
+                     use_tqdm=False)
         return time.perf_counter() - t
 
     rows = []
@@ -186,13 +175,13 @@ def measure(spec: dict) -> dict:
         before = _counters(llm)
         full = statistics.median(timed(prompts, n) for _ in range(spec["rounds"]))
         after = _counters(llm)
-        delta = {k: ([a - b for a, b in zip(v, before.get(k, []) or [0] * len(v))] if isinstance(v, list)
-                     else v - before.get(k, 0)) for k, v in after.items()}
-        drafts = delta.get("drafts", 0)
+        delta = {k: [a - b for a, b in itertools.zip_longest(v, before.get(k, []), fillvalue=0)]
+                 for k, v in after.items()}
+        drafts = delta.get("drafts", [0])[0]
         verifies = drafts / (c * spec["rounds"]) if steps and drafts else n - 1
         rows.append({"concurrency": c, "tok_s": c * n / full, "tok_s_per_request": n / full,
                      "step_ms": 1000.0 * (full - one) / verifies, "prefill_s": one, "total_s": full,
-                     "accept_length": 1 + delta.get("accepted_tokens", 0) / drafts if drafts else None,
+                     "accept_length": 1 + delta["accepted_tokens"][0] / drafts if drafts else None,
                      "accept_per_pos": [a / drafts for a in delta.get("accepted_tokens_per_pos", [])] if drafts
                      else None})
         print(json.dumps(rows[-1]), flush=True)
