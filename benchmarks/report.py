@@ -1,6 +1,7 @@
-"""Output helpers shared by the benchmark scripts: JSON, markdown tables, headless plots."""
+"""A result's files: its JSON, its markdown beside it (printed too) and, where it has one, its plot."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
@@ -10,48 +11,35 @@ from benchmarks.manifest import typed_command
 
 
 def provenance(argv: list[str] | None = None) -> dict:
-    """Who/when/how a result was made, so a committed JSON says its own command."""
+    """When, where and how a result was made, so a committed JSON says its own command."""
     return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
             "python": platform.python_version(), "command": typed_command(argv)}
 
 
 def write_json(path: Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    path.write_text(json.dumps(data, indent=2, default=lambda o: dataclasses.asdict(o)
+                               if dataclasses.is_dataclass(o) else str(o)) + "\n")
     return path
 
 
-def write_result(path: Path, result: dict, markdown: str, plot=None) -> Path:
-    """A tool's outputs side by side: the result as JSON at `path` (….json), its markdown
-    beside it (.md, also printed) and, given `plot(result, png_path)`, its figure (.png)."""
+def write_result(path: Path, result, markdown: str, plot=None) -> Path:
+    """`result` as JSON at `path`, `markdown` beside it (.md) and, given `plot(result, png_path)`, its .png."""
     write_json(path, result)
     path.with_suffix(".md").write_text(markdown)
     if plot is not None:
         plot(result, path.with_suffix(".png"))
-    print(markdown)
-    print(f"wrote {path}")
+    print(f"{markdown}\nwrote {path}")
     return path
-
-
-def _jsonable(o):
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if hasattr(o, "__dataclass_fields__"):
-        from dataclasses import asdict
-        return asdict(o)
-    return str(o)
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:
     def cell(v):
-        if v is None:
-            return "-"
         if isinstance(v, float):
             return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-        return str(v)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+        return "-" if v is None else str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(map(cell, r)) + " |" for r in rows]) + "\n"
 
 
 def pyplot():
@@ -68,3 +56,13 @@ def save_figure(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     pyplot().close(fig)
     return path
+
+
+def by_concurrency(ax, ylabel: str, concurrencies: list[int] | None = None) -> None:
+    """An axis over concurrency: log 2 scale, labels, grid, legend."""
+    ax.set_xscale("log", base=2)
+    if concurrencies:
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    ax.set(xlabel="concurrency", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)

@@ -1,8 +1,6 @@
-"""The index of benchmarks/results, generated from each record's manifest.json.
-
-One record per folder (`YYYY-MM-<hardware>-<topic>/`): its raw files, a README.md (what was measured, the
-command, the numbers, caveats) and manifest.json (benchmarks/manifest.py). This writes
-benchmarks/results/README.md, one row per record; tests/test_results_records.py checks it is current.
+"""The index of benchmarks/results, generated from each record's manifest.json (manifest.py): one row per
+record folder (`YYYY-MM-<hardware>-<topic>/`: raw files, README.md, manifest.json); tests/test_results_records.py
+checks it is current.
 
     python -m benchmarks.results_index
 """
@@ -24,38 +22,21 @@ time; in those records, scratch-folder names inside the raw files' recorded path
 """
 
 
-def records(root: Path = RESULTS) -> list[tuple[str, dict]]:
-    out = []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        m = d / "manifest.json"
-        if m.is_file():   # a folder without one fails tests/test_results_records.py
-            out.append((d.name, json.loads(m.read_text())))
-    return out
-
-
-def _hardware(m: dict) -> str:
-    hw = m.get("hardware")
-    return hw.get("string", "") if isinstance(hw, dict) else str(hw or "")
-
-
-def _cell(text) -> str:
-    return str(text if text is not None else "-").replace("|", "/").replace("\n", " ")
-
-
 def render(root: Path = RESULTS) -> str:
+    def cell(text) -> str:
+        return str(text if text is not None else "-").replace("|", "/").replace("\n", " ")
+
     lines = [HEAD, "| record | claim | headline | hardware | torch | date |", "|---|---|---|---|---|---|"]
-    for name, m in records(root):
+    for d in sorted(p for p in root.iterdir() if (p / "manifest.json").is_file()):
+        m = json.loads((d / "manifest.json").read_text())
+        hw = m.get("hardware")
         date = (m.get("date") or "")[:10] + (" (reconstructed)" if m.get("recorded") else "")
-        lines.append(f"| [{name}]({name}/) | {_cell(m.get('claim'))} | {_cell(m.get('headline'))} | "
-                     f"{_cell(_hardware(m))} | {_cell(m.get('torch'))} | {_cell(date)} |")
+        lines.append(f"| [{d.name}]({d.name}/) | {cell(m.get('claim'))} | {cell(m.get('headline'))} | "
+                     f"{cell(hw.get('string', '') if isinstance(hw, dict) else hw or '')} | {cell(m.get('torch'))} | "
+                     f"{cell(date)} |")
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    path = RESULTS / "README.md"
-    path.write_text(render())
-    print(f"wrote {path}")
-
-
 if __name__ == "__main__":
-    main()
+    (RESULTS / "README.md").write_text(render())
+    print(f"wrote {RESULTS / 'README.md'}")

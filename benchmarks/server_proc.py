@@ -1,5 +1,5 @@
-"""A free port for a server, the one wait for its /health, and our server on vLLM's CPU build
-started and stopped: used by benchmarks and tests."""
+"""Server processes for benchmarks and tests: a free port, the one wait for /health, a server started and
+stopped (ours as `make serve` runs it, or on vLLM's CPU build)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,11 +7,15 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"   # `make vllm-venv`
 
 
 def free_port() -> int:
@@ -22,11 +26,8 @@ def free_port() -> int:
 
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 300.0,
                  output: Callable[[], str] | None = None) -> None:
-    """Poll url/health until it answers 200: ours, SGLang and vLLM answer 503 or refuse the
-    connection while the model loads (/v1/models may answer earlier). Fail early when `proc`
-    exits or our server reports its engine "dead"; errors end with the tail of `output()`
-    (the server's log) when given. The one wait for a server in Python, used by benchmarks and tests
-    (servers.sh, which starts servers from bash, has its own loop that also watches their pids)."""
+    """Poll url/health until it answers 200 (ours, SGLang and vLLM answer 503 or refuse while loading).
+    Fail early when `proc` exits or our engine reports "dead"; errors end with the tail of `output()`."""
     def failed(what: str) -> str:
         return f"{url}: {what}" + (f"\n{output()[-4000:]}" if output else "")
 
@@ -47,8 +48,14 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: floa
         time.sleep(0.2)
 
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"   # `make vllm-venv`
+def ours(args: Sequence[str]) -> list[str]:
+    """Our server's command as `make serve` runs it: launch/serve.sh ARGS (with ours_env's python)."""
+    return [str(ROOT / "launch" / "serve.sh"), *args]
+
+
+def ours_env(**extra: str) -> dict:
+    """This environment with this interpreter for serve.sh, `extra` added."""
+    return {**os.environ, "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1", **extra}
 
 
 def vllm_env() -> dict:
@@ -63,9 +70,9 @@ def vllm_env() -> dict:
 @contextlib.contextmanager
 def server_process(cmd: Sequence[str], log: Path, env: dict, url: str,
                    timeout_s: float = 420.0) -> Iterator[subprocess.Popen]:
-    """A server process leading its own process group (the command and its output appended to
-    `log`), healthy on `url`. Stopped on exit with SIGTERM (our server stops its engine itself),
-    then whatever process of its group outlived it (a vLLM engine core) is killed."""
+    """A server process leading its own process group (the command and its output appended to `log`),
+    healthy on `url`. Stopped on exit with SIGTERM (our server stops its engine itself), then whatever
+    process of its group outlived it (a vLLM engine core, a compile worker) is killed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         fh.write(("\n### " + " ".join(cmd) + "\n").encode())

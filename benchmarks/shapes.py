@@ -30,30 +30,22 @@ TARGETS = {
 DRAFT_VOCAB = {"8b": 32000, "smollm2": 8192, "tiny": 256}
 
 
-def drafter_config(target: LlamaConfig, draft_vocab: int, aux_layer_ids: list[int]) -> Eagle3Config:
-    """The EAGLE-3 drafter that matches a target: one layer of the target's width and heads."""
-    return Eagle3Config(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
-                        num_attention_heads=target.num_attention_heads,
-                        num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
-                        vocab_size=target.vocab_size, draft_vocab_size=draft_vocab,
-                        target_hidden_size=target.hidden_size, aux_layer_ids=aux_layer_ids,
-                        rope_theta=target.rope_theta, max_position_embeddings=target.max_position_embeddings)
-
-
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def _built(device, dtype: torch.dtype):
+    """Modules built here are made on `device` in `dtype`."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        yield
+        with torch.device(device):
+            yield
     finally:
         torch.set_default_dtype(old)
 
 
-def _scale_(module: torch.nn.Module, std: float) -> None:
+def _scale_(module: torch.nn.Module, std: float = 0.02) -> None:
     """Small normal weights keep activations finite through many random layers."""
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for p in module.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, std)
 
@@ -61,21 +53,25 @@ def _scale_(module: torch.nn.Module, std: float) -> None:
 def random_target(shape: str | LlamaConfig, device, dtype=torch.bfloat16, seed: int = 0) -> LlamaModel:
     config = TARGETS[shape] if isinstance(shape, str) else shape
     torch.manual_seed(seed)
-    with torch.device(device), _default_dtype(dtype):
+    with _built(device, dtype):
         model = LlamaModel(config)
-    _scale_(model, 0.02)
+    _scale_(model)
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
     return model.eval().requires_grad_(False)
 
 
 def random_drafter(target: LlamaModel, shape: str, seed: int = 1) -> Eagle3Drafter:
-    tc = getattr(getattr(target, "tp", None), "full_config", None) or target.config
-    w = target.embed_tokens.weight
-    cfg = drafter_config(tc, DRAFT_VOCAB[shape], list(target.aux_layer_ids))
+    """The EAGLE-3 drafter that matches a target: one layer of its width and heads, its embedding shared."""
+    t, w = getattr(getattr(target, "tp", None), "full_config", None) or target.config, target.embed_tokens.weight
+    cfg = Eagle3Config(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                       num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                       head_dim=t.head_dim, vocab_size=t.vocab_size, draft_vocab_size=DRAFT_VOCAB[shape],
+                       target_hidden_size=t.hidden_size, aux_layer_ids=list(target.aux_layer_ids),
+                       rope_theta=t.rope_theta, max_position_embeddings=t.max_position_embeddings)
     torch.manual_seed(seed)
-    with torch.device(w.device), _default_dtype(w.dtype):
+    with _built(w.device, w.dtype):
         d = Eagle3Drafter(cfg)
-    _scale_(d, 0.02)
+    _scale_(d)
     d.embed_tokens.weight = target.embed_tokens.weight
     dv = cfg.draft_vocab_size
     used = torch.arange(dv, device=w.device) * (cfg.vocab_size // dv)
@@ -84,18 +80,6 @@ def random_drafter(target: LlamaModel, shape: str, seed: int = 1) -> Eagle3Draft
     d.t2d[used] = True
     d.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(w.device)
     return d.eval().requires_grad_(False)
-
-
-def weight_bytes(module: torch.nn.Module, skip_embedding: bool = True) -> int:
-    """Bytes a decode step streams from memory: every weight once; the embedding only per token."""
-    total = 0
-    seen = set()
-    for name, p in module.named_parameters():
-        if id(p) in seen or (skip_embedding and "embed_tokens" in name):
-            continue
-        seen.add(id(p))
-        total += p.numel() * p.element_size()
-    return total
 
 
 def random_pair(shape: str, device: str, dtype: str):

@@ -1,163 +1,218 @@
-"""Start-up with compile: cold (empty inductor cache) and warm (the cache a first start left),
-and whether any request waits for a compile after the engine reports ready.
+"""Start-up: seconds from launch to ready, cold (--cache-dir emptied) and then warm (what the first start left
+there), and what serving pays after ready.
 
-Each start is a fresh process (dynamo's in-memory caches do not carry over; inductor's disk
-cache in TORCHINDUCTOR_CACHE_DIR does): it builds the native engine as the server does
-(engine.loading.build_engine: load, then BatchDecoder.warm_up compiles and captures every
-batch size up to --max-batch with the steps table in force), times it, then at once, with no
-warm-up, serves the prompts at each --concurrency (benchmarks/engine_load.py) and reports the
-longest gap between two deltas of one request: a compile or capture inside serving shows there.
-Each start also reports its seconds in torch.compile's phases (dynamo's tracing, the backend or
-inductor's cache): a warm start's rest is loading, graph capture and warm-up runs. --saved-steps
-starts the engine with compile_cache in the cache folder: the warm start loads its decode steps.
---no-compile starts eager steps instead (the server's default), whose graphs are captured then.
-Without --model, a random pair of --shape (benchmarks/shapes.py) is built on the device in place
-of loading one, and random prompts run to --max-tokens: compile and capture cost the same.
+The engine (the default): each start is a fresh process (dynamo's in-memory caches do not carry over) that
+builds the native engine as the server does (engine.loading.build_engine: load, then compile and capture
+every batch size up to --max-batch), then at once serves the prompts at each --concurrency (engine_load.py)
+and reports the longest gap between two deltas of one request (a compile or capture after ready shows there)
+and its seconds in torch.compile's phases. --cache-dir is TORCHINDUCTOR_CACHE_DIR; --saved-steps saves the
+compiled steps in CACHE_DIR/steps (the engine's compile_cache) for the warm start to load. Without --model a
+random pair of --shape (shapes.py) stands in, and random prompts run to --max-tokens.
 
-  python -m benchmarks.startup --model M --draft D --steps-by-batch 1=4,4=3,32=1 --max-batch 32 \\
-      --dtype bfloat16 --cache-dir /tmp/inductor --out benchmarks/results/startup/h200.json
-  python -m benchmarks.startup --shape 8b --draft random --steps 3 --max-batch 32 --cache-dir /tmp/ind --out s.json
+The server (--server-args "ARGS"; "" is the default profile): `launch/serve.sh ARGS`, as `make serve` runs it,
+with SPECSERVE_CACHE_DIR=--cache-dir. When /health turns ready one chat request goes out (the first answer);
+then --clients clients stream back to back until /health lists no decode shape compiling, and --after seconds
+more. The log's "compiled in" lines time each swap to a compiled step, and the longest gap between chunks
+within --window seconds of one is its cost. The load average rides along (the machine may be shared).
+
+  python -m benchmarks startup --model M --draft D --steps-by-batch 1=4,32=1 --max-batch 32 --dtype bfloat16 \\
+      --cache-dir /tmp/inductor --out runs/startup.json
+  python -m benchmarks startup --server-args "--max-batch 2" --clients 1 --cache-dir /tmp/cache --out runs/first.json
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import datetime
 import json
 import os
+import re
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
+
+from benchmarks import serving
+from benchmarks.engine_load import add_pair_args
 from benchmarks.report import md_table, provenance, write_result
+from benchmarks.server_proc import free_port, ours, ours_env, server_process
+from drafter.prompts import read_records
 
-
-def child(args) -> dict:
-    """One start in this process: engine ready time, then max gaps per concurrency."""
-    t0 = time.perf_counter()
-    import torch
-
-    from benchmarks.engine_load import load_prompts, run_load
-    from benchmarks.shapes import random_pair
-    from engine.decoder import SpecConfig
-    from engine.loading import LoadedModels, NativeEngineArgs, build_engine
-    imported = time.perf_counter() - t0
-    table = tuple(tuple(int(x) for x in e.split("=")) for e in args.steps_by_batch.split(",")) \
-        if args.steps_by_batch else ()
-    spec = SpecConfig(max(s for _, s in table), steps_by_batch=table) if table else SpecConfig(args.steps)
-    eargs = NativeEngineArgs(model=args.model or f"random-{args.shape}", draft=args.draft,
-                             spec=spec if args.draft else None, device=args.device, dtype=args.dtype,
-                             max_batch=args.max_batch, max_context=args.max_context, compile=not args.no_compile,
-                             compile_max_batch=args.max_batch, prefill_graphs=args.prefill_graphs,
-                             compile_prefill=args.compile_prefill,
-                             compile_cache=str(Path(args.cache_dir) / "steps") if args.saved_steps else "")
-    loaded = None
-    if not args.model:
-        target, drafter, device = random_pair(args.shape, args.device, args.dtype)
-        loaded = LoadedModels(target, drafter if args.draft else None, device, tokenizer=None)
-    engine = build_engine(eargs, loaded)
-    engine.start_blocking()
-    ready = time.perf_counter() - t0
-    compile_s = compile_seconds()
-    n = max(args.concurrency) * 2
-    prompts = load_prompts(args.prompts, engine.tokenizer, n) if args.model else \
-        torch.randint(0, target.config.vocab_size, (n, 128), generator=torch.Generator().manual_seed(0)).tolist()
-    loads = []
-    for c in args.concurrency:
-        r = run_load(engine, prompts[:2 * c], c, args.max_tokens, ignore_eos=not args.model)
-        loads.append({"concurrency": c, "max_gap_ms": r.max_gap_s * 1000, "throughput": r.throughput,
-                      "accept_length": r.accept_length})
-        print(f"c={c}: max gap {r.max_gap_s * 1000:.0f} ms, {r.throughput:.1f} tok/s", flush=True)
-    engine.stop_blocking()
-    return {"import_s": imported, "ready_s": ready, "compile_s": compile_s, "loads": loads,
-            "saved_compiles": engine.decoder.saved_compiles()}
-
-
-# compile_times' phases: a compile's total is "_compile.compile_inner" for a lazy torch.compile and
-# "fullgraph_capture" for one ahead of time (--saved-steps), each dynamo's tracing plus the backend
-# (AOT autograd and inductor, or their cache). Coordinate-descent tuning runs at a kernel's first
-# launch, outside them: a warm start that finds no tuned config in the cache tunes again.
+SWAP = re.compile(r"^(\S+ \S+) INFO specserve\.engine: (.+) compiled in (\d+) s \(loaded in ([\d.]+) s\)")
+# torch.compile's timed phases: a compile's total is "_compile.compile_inner" when lazy and "fullgraph_capture"
+# ahead of time (--saved-steps). Coordinate-descent tuning runs at a kernel's first launch, outside them.
 PHASES = {"compiling": ("_compile.compile_inner", "fullgraph_capture"), "tracing": ("bytecode_tracing",),
           "backend": ("create_aot_dispatcher_function", "AOTAutogradCache.inductor_load"),
           "tuning": ("CachingAutotuner.coordinate_descent_tuning",)}
 
 
-def phase_seconds(compile_s: dict[str, float]) -> dict[str, float]:
-    return {phase: round(sum(compile_s.get(k, 0.0) for k in keys), 1) for phase, keys in PHASES.items()}
-
-
-def compile_seconds() -> dict[str, float]:
-    """Seconds this process spent in each of torch.compile's timed phases so far (dynamo's
-    tracing, the backend, inductor's codegen or its cache): what a warm start still pays, and
-    what of ready_s is neither (loading, graph capture, warm-up runs)."""
+def child(args) -> dict:
+    """One start of the engine in this process: seconds from its launch (--child T) to ready, then the longest
+    gap at each concurrency."""
     from torch._dynamo.utils import compile_times
-    headers, rows = compile_times(repr="csv", aggregate=True)
-    return {name: round(float(value), 3) for name, value in zip(headers, rows)}
+
+    from benchmarks.engine_load import engine_args, load_pair, run_load
+    from engine.config import SpecConfig
+    from engine.loading import build_engine
+    imported = time.time() - args.child
+    table = tuple(tuple(int(x) for x in e.split("=")) for e in args.steps_by_batch.split(",")) \
+        if args.steps_by_batch else ()
+    spec = (SpecConfig(max(s for _, s in table), steps_by_batch=table) if table else SpecConfig(args.steps)) \
+        if args.draft else None
+    loaded, prompts = load_pair(args, spec, max(args.concurrency) * 2)
+    engine = build_engine(engine_args(args, spec, max_batch=args.max_batch, compile=not args.no_compile,
+                                      compile_max_batch=args.max_batch, compile_cache=str(
+                                          Path(args.cache_dir) / "steps") if args.saved_steps else ""), loaded)
+    engine.start_blocking()
+    ready = time.time() - args.child
+    headers, values = compile_times(repr="csv", aggregate=True)
+    compile_s = {name: round(float(v), 3) for name, v in zip(headers, values)}
+    loads = []
+    for c in args.concurrency:
+        r = run_load(engine, prompts[:2 * c], c, args.max_tokens, ignore_eos=not args.model)
+        loads.append({"concurrency": c, "max_gap_ms": r.max_gap_s * 1000, "throughput": r.throughput,
+                      "accept_length": r.accept_length})
+    engine.stop_blocking()
+    return {"import_s": imported, "ready_s": ready, "compile_s": compile_s, "loads": loads,
+            "phases_s": {p: round(sum(compile_s.get(k, 0.0) for k in keys), 1) for p, keys in PHASES.items()},
+            "saved_compiles": engine.decoder.saved_compiles()}
+
+
+def engine_start(args, kind: str, argv: list[str]) -> dict:
+    """A start in a fresh process (this tool with --child); its log beside --out."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": args.cache_dir}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.startup", "--child", str(time.time()), *argv], env=env,
+                          capture_output=True, text=True)
+    Path(args.out).with_suffix(f".{kind}.log").write_text(proc.stderr)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise RuntimeError(f"{kind} start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return {**json.loads(line[7:]), "process_s": time.perf_counter() - t0}
+
+
+def loadavg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+async def serve_while_compiling(url: str, items: list[dict], args, t0: float) -> tuple:
+    """The first answer, then clients back to back until no decode shape is compiling, and --after more."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        first = await serving.stream(client, url, items[0], t0)
+        status = (await client.get(url + "/health")).json()
+        streams, done, loads, compiled = [], asyncio.Event(), [loadavg()], None
+
+        async def one(n: int) -> None:
+            while not done.is_set():
+                streams.append((n % len(items), await serving.stream(client, url, items[n % len(items)], t0)))
+                n += args.clients
+        tasks = [asyncio.create_task(one(i)) for i in range(args.clients)]
+        while compiled is None and time.perf_counter() - t0 < args.timeout:
+            loads.append(loadavg())
+            if not (await client.get(url + "/health")).json().get("decode_steps", {}).get("compiling"):
+                compiled = time.perf_counter() - t0
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(args.after)
+        done.set()
+        await asyncio.gather(*tasks)
+    return first, status, streams, compiled, loads
+
+
+def server_start(args, kind: str) -> dict:
+    """A start of launch/serve.sh: ready, the first answer, every shape compiled, the gaps between chunks."""
+    port = free_port()
+    url, log = f"http://127.0.0.1:{port}", Path(args.out).with_suffix(f".{kind}.log")
+    env = {k: v for k, v in ours_env().items() if not k.startswith("SPECSERVE_")}
+    env["SPECSERVE_CACHE_DIR"] = str(Path(args.cache_dir).resolve())
+    items = serving.requests(read_records(args.prompts)[:12], [args.max_tokens], 12)
+    launched, t0, at_launch = time.time(), time.perf_counter(), loadavg()
+    with server_process(ours([*shlex.split(args.server_args), "--port", str(port)]), log, env, url, args.timeout):
+        ready = time.perf_counter() - t0
+        first, status, streams, compiled, loads = asyncio.run(serve_while_compiling(url, items, args, t0))
+        end = time.perf_counter() - t0
+    gaps = [(b, b - a) for _, r in streams for a, b in zip(r.arrivals(), r.arrivals()[1:])]
+
+    def gaps_ms(lo: float, hi: float, pick=max) -> float | None:
+        inside = [g for at, g in gaps if lo <= at <= hi]
+        return round(pick(inside) * 1000, 1) if inside else None
+
+    swaps = []
+    for m in filter(None, map(SWAP.match, log.read_text().splitlines())):
+        at = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() - launched
+        swaps.append({"at_s": round(at, 2), "shape": m[2], "compile_s": int(m[3]), "load_s": float(m[4]),
+                      "longest_gap_ms_within_window": gaps_ms(at - args.window, at + args.window)})
+    texts: dict[int, set] = {0: {first.text}}
+    for prompt, r in streams:
+        texts.setdefault(prompt, set()).add(r.text)
+    compiled_or_end = compiled or end
+    return {"ready_s": round(ready, 2), "first_token_s": round(first.start + first.ttft, 2),
+            "first_answer_s": round(first.start + first.e2e, 2), "first_answer": first.text,
+            "status_at_first_answer": status, "compiled_s": compiled and round(compiled, 2), "swaps": swaps,
+            "longest_gap_ms_while_compiling": gaps_ms(ready, compiled_or_end),
+            "median_gap_ms_while_compiling": gaps_ms(ready, compiled_or_end, statistics.median),
+            "longest_gap_ms_after_compiled": gaps_ms(compiled_or_end, end), "streams": len(streams),
+            "errors": sum(not r.ok for _, r in streams), "texts_by_prompt": {k: sorted(v) for k, v in texts.items()},
+            "loadavg": {"at_launch": at_launch, "max_1min": max(loads)}}
+
+
+def markdown(result: dict, args) -> str:
+    starts = result["starts"]
+    if args.server_args is not None:
+        rows = [[kind, s["ready_s"], s["first_answer_s"], s["compiled_s"], s["longest_gap_ms_while_compiling"],
+                 ", ".join(f"{w['longest_gap_ms_within_window']}" for w in s["swaps"]) or None, s["streams"],
+                 max(map(len, s["texts_by_prompt"].values()))] for kind, s in starts.items()]
+        table = md_table(["start", "ready s", "first answer s", "every shape compiled s", "longest gap while "
+                          "compiling ms", "longest gap at each swap ms", "streams", "texts per prompt (most)"], rows)
+    else:
+        rows = [[kind, round(s["ready_s"], 1), *s["phases_s"].values()] + [round(x["max_gap_ms"]) for x in s["loads"]]
+                for kind, s in starts.items()]
+        table = md_table(["start", "engine ready s", "compiling s", "of which tracing s", "of which backend s",
+                          "coordinate-descent tuning s"] + [f"max gap ms, c={c}" for c in args.concurrency], rows)
+    return f"# Start-up\n\n`{result['provenance']['command']}`\n\n{table}"
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="checkpoint (default: a random pair of --shape)")
-    ap.add_argument("--shape", default="8b", choices=["8b", "smollm2", "tiny"], help="the random pair, without --model")
-    ap.add_argument("--draft", help="the drafter of --model ('random' with --shape); none: plain decoding")
-    ap.add_argument("--steps", type=int, default=3, help="without --steps-by-batch")
-    ap.add_argument("--steps-by-batch", help="size=steps,... e.g. 1=4,4=3,32=1")
-    ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--max-context", type=int, default=1024)
-    ap.add_argument("--concurrency", default="1,2,4,8,16")
-    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parent.parent / "shipped" / "smollm2" /
-                                             "heldout" / "chat.jsonl"))
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--no-compile", action="store_true",
-                    help="eager steps: on GPU their CUDA graphs are captured on first use, after ready")
-    ap.add_argument("--prefill-graphs", action="store_true", help="capture short prompts' prefills (compiled too)")
-    ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
-                    help="with --prefill-graphs: capture them uncompiled")
-    ap.add_argument("--cache-dir", required=True, help="TORCHINDUCTOR_CACHE_DIR (emptied for the cold start)")
-    ap.add_argument("--saved-steps", action="store_true",
-                    help="compile the decode steps ahead of time into CACHE_DIR/steps (the engine's compile_cache), "
-                         "which the warm start loads instead of tracing")
-    ap.add_argument("--out", help="JSON to write (.md beside it)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", required=True, help="JSON to write (.md and each start's .cold.log, .warm.log beside)")
+    ap.add_argument("--cache-dir", required=True, help="emptied for the cold start (see above)")
+    engine = ap.add_argument_group("the engine (--draft none: plain decoding)")
+    add_pair_args(engine, ["8b", "smollm2", "tiny"])
+    engine.set_defaults(max_tokens=64)
+    engine.add_argument("--steps", type=int, default=3, help="without --steps-by-batch")
+    engine.add_argument("--steps-by-batch", help="size=steps,... e.g. 1=4,4=3,32=1")
+    engine.add_argument("--max-batch", type=int, default=16)
+    engine.add_argument("--concurrency", default="1,2,4,8,16")
+    engine.add_argument("--no-compile", action="store_true", help="eager steps (CUDA graphs captured on first use)")
+    engine.add_argument("--saved-steps", action="store_true", help="compiled steps saved in CACHE_DIR/steps")
+    engine.add_argument("--child", type=float, help=argparse.SUPPRESS)   # this process's launch (time.time())
+    server = ap.add_argument_group("the server")
+    server.add_argument("--server-args", help="start `launch/serve.sh SERVER_ARGS` instead of the engine")
+    server.add_argument("--clients", type=int, default=3, help="clients streaming back to back while compiling")
+    server.add_argument("--timeout", type=float, default=1800, help="seconds to wait for every shape compiled")
+    server.add_argument("--after", type=float, default=20, help="seconds of load once every shape is compiled")
+    server.add_argument("--window", type=float, default=1.0, help="seconds either side of a swap")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    if args.child:
+    if args.child is not None:
         import logging
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         print("RESULT " + json.dumps(child(args)), flush=True)
         return {}
     shutil.rmtree(args.cache_dir, ignore_errors=True)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": args.cache_dir}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     starts = {}
     for kind in ("cold", "warm"):
-        cmd = [sys.executable, "-m", "benchmarks.startup", "--child", *(argv if argv is not None else sys.argv[1:])]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if proc.returncode or line is None:
-            raise RuntimeError(f"{kind} start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-3000:]}")
-        starts[kind] = {**json.loads(line[7:]), "process_s": wall}
-        if args.out:   # the child's log: the engine's own lines (saved steps loaded or compiled, warnings)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).with_suffix(f".{kind}.log").write_text(proc.stderr)
-        p = phase_seconds(starts[kind]["compile_s"])
-        print(f"{kind}: ready in {starts[kind]['ready_s']:.1f} s (compiling {p['compiling']} s: dynamo's tracing "
-              f"{p['tracing']} s, the backend {p['backend']} s; coordinate-descent tuning {p['tuning']} s); "
-              f"saved compiles loaded/compiled: {starts[kind]['saved_compiles'] or '-'}", flush=True)
+        s = starts[kind] = server_start(args, kind) if args.server_args is not None else engine_start(args, kind, argv)
+        print(f"{kind}: " + ", ".join(f"{k} {v}" for k, v in s.items() if k.endswith("_s")), flush=True)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
               "provenance": provenance(argv)}
-    if args.out:
-        rows = [[kind, round(s["ready_s"], 1), *phase_seconds(s["compile_s"]).values()]
-                + [round(x["max_gap_ms"]) for x in s["loads"]] for kind, s in starts.items()]
-        table = md_table(["start", "engine ready s", "compiling s", "of which tracing s", "of which backend s",
-                          "coordinate-descent tuning s"]
-                         + [f"max gap ms, c={c}" for c in args.concurrency], rows)
-        title = f"# Start-up {'without' if args.no_compile else 'with'} compile"
-        write_result(Path(args.out), result, f"{title}\n\n`{result['provenance']['command']}`\n\n{table}")
+    write_result(Path(args.out), result, markdown(result, args))
     return result
 
 

@@ -23,3 +23,18 @@ def test_cold_and_warm_starts(tmp_path):
     assert json.loads(out.read_text())["settings"]["no_compile"] is True
     assert "| cold |" in out.with_suffix(".md").read_text()
     assert f"loaded {ROOT / 'shipped/target'} on cpu" in out.with_suffix(".warm.log").read_text()   # the engine's log
+
+
+def test_server_cold_and_warm_first_answers(tmp_path):
+    """The server as `make serve` starts it (eager steps here: nothing compiles), cold then warm: ready, the
+    first answer and one client's streams, every prompt's text the same each time it was asked."""
+    out = tmp_path / "first.json"
+    result = startup.main(["--server-args", f"--no-profile --model {ROOT / 'shipped/target'} --draft "
+                           f"{ROOT / 'shipped/drafter'} --device cpu --max-batch 2 --no-compile", "--clients", "1",
+                           "--after", "1", "--max-tokens", "8", "--cache-dir", str(tmp_path / "cache"),
+                           "--prompts", str(ROOT / "shipped/data/heldout_prompts.jsonl"), "--out", str(out)])
+    for s in result["starts"].values():
+        assert 0 < s["ready_s"] < s["first_token_s"] <= s["first_answer_s"] and s["first_answer"]
+        assert s["compiled_s"] is not None and s["streams"] > 0 and s["errors"] == 0
+        assert all(len(texts) == 1 for texts in s["texts_by_prompt"].values())
+    assert "| cold |" in out.with_suffix(".md").read_text() and out.with_suffix(".warm.log").stat().st_size > 0

@@ -19,10 +19,10 @@ def test_the_tool_list():
     listed = run()
     assert listed.returncode == 0
     names = [line.split()[0] for line in listed.stdout.splitlines()[2:]]
-    assert names == list(TOOLS) == ["serve", "sweep", "ab", "startup", "costs", "nccl"]
+    assert names == list(TOOLS) == ["serve", "sweep", "ab", "startup", "nccl"]
     assert run("nope").returncode == 2
-    usage = run("costs", "model", "--help")
-    assert usage.returncode == 0 and "--validate" in usage.stdout and "benchmarks costs" in usage.stdout
+    usage = run("sweep", "best", "--help")
+    assert usage.returncode == 0 and "--curve" in usage.stdout and "benchmarks sweep best" in usage.stdout
 
 
 def test_ab_summary_ratios_per_round(tmp_path, monkeypatch):

@@ -5,13 +5,13 @@ request alone, running/waiting gauges back to 0 (no KV-slot leak), and the serve
 memory flat from round 2 to round 4 (< 5 % growth). Then the same with a third of the requests
 sampled and a tenth of the clients hanging up mid-stream.
 
-The same check on a profile: `python -m benchmarks serve --profile cpu-default --check 4 ...`."""
+The same check on a profile: `python -m benchmarks serve --launch "--profile cpu-default" --check 4 ...`."""
 from __future__ import annotations
 
 import pytest
 
 from benchmarks import serving
-from benchmarks.server_proc import wait_healthy
+from benchmarks.server_proc import ours, ours_env, server_process
 from tests import server_harness as h
 
 RECORDS = [{"prompt": p} for p in h.COMPLETION_PROMPTS] + [
@@ -23,14 +23,11 @@ def server(tmp_path_factory):
     models = h.models()
     port = h.free_port()
     log = tmp_path_factory.mktemp("load") / "server.log"
-    proc = serving.start_server(port, log, str(models.target), str(models.draft), max_batch=16, threads=1)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, timeout_s=120, output=log.read_text)
+    cmd = ours(["--no-profile", "--model", str(models.target), "--draft", str(models.draft), "--device", "cpu",
+                "--max-batch", "16", "--port", str(port)])
+    with server_process(cmd, log, ours_env(OMP_NUM_THREADS="1"), url, timeout_s=120) as proc:
         yield url, proc
-    finally:
-        proc.terminate()  # our own child, by pid
-        proc.wait(60)
 
 
 def test_200_streams_at_concurrency_32_lossless_no_slot_or_memory_leak(server):

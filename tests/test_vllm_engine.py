@@ -70,8 +70,19 @@ def prompts() -> dict:
 @pytest.fixture(scope="module")
 def native(prompts) -> list[dict]:
     """The native engine's greedy outputs on the same pair and prompts (3-step chains)."""
-    from benchmarks.engine_load import native_replies
-    return native_replies(str(TARGET), str(DRAFT), prompts["ids"], steps=STEPS, max_tokens=MAX_TOKENS)
+    from benchmarks.engine_load import run_load
+    from engine.config import SpecConfig
+    from engine.loading import NativeEngineArgs, build_engine
+    engine = build_engine(NativeEngineArgs(model=str(TARGET), draft=str(DRAFT), spec=SpecConfig(STEPS), device="cpu",
+                                           dtype="float32", max_batch=1))
+    engine.start_blocking()
+    try:
+        replies = run_load(engine, prompts["ids"], 1, MAX_TOKENS, detokenize=True).replies
+    finally:
+        engine.stop_blocking()
+    return [{"token_ids": r.token_ids, "text": r.text, "finish_reason": r.finish_reason,
+             "verify_steps": r.spec.verify_steps, "proposed_draft_tokens": r.spec.proposed_draft_tokens,
+             "accepted_draft_tokens": r.spec.accepted_draft_tokens} for r in replies]
 
 
 def check_spec(usage) -> dict:

@@ -1,4 +1,4 @@
-# Sourced by run.sh and start_times.sh: one specserve per side, all up together (an idle server waits on
+# Sourced by run.sh: one specserve per side, all up together (an idle server waits on
 # its engine's queue, so the sides not being measured cost nothing). They start one after another: a
 # float32 CPU engine times its product forms at load (models/cpu_products.py), and two servers loading
 # side by side can choose differently; cpu-default keeps the first server's choice in its tuning cache

@@ -143,7 +143,7 @@ pipeline() {
         sweep $W/sweep $c "chat humaneval" native_plain:8101 native_chain:8102 vllm_plain:8201 vllm_eagle:8202 \
             native_chain_consistent:8104
     done
-    python3 -m benchmarks.gpu.side_by_side $W/sweep --out $W/res/side_by_side 2>&1 | tee -a $W/logs/stages.log
+    python3 -m benchmarks ab side-by-side $W/sweep --out $W/res/side_by_side 2>&1 | tee -a $W/logs/stages.log
     nvidia-smi > $W/res/nvidia_smi_end.txt 2>&1
     manifests
     log "pipeline done"
@@ -194,7 +194,7 @@ extra() {
     compare texts_native_plain_c1 texts_eager_plain_c1; compare texts_vllm_plain_c1 texts_eager_plain_c1
     sweep $W/sweep2 "1 8 32" "chat humaneval" vllm_eagle3:8203 vllm_eagle5:8205
     sweep $W/sweep2 "1 8 32" chat native_plain_eager:8111 native_chain_eager:8112
-    python3 -m benchmarks.gpu.side_by_side $W/sweep $W/sweep2 --out $W/res/side_by_side_all 2>&1 | tee -a $W/logs/stages.log
+    python3 -m benchmarks ab side-by-side $W/sweep $W/sweep2 --out $W/res/side_by_side_all 2>&1 | tee -a $W/logs/stages.log
 }
 
 manifests() {  # one per record; the source commit comes from the caller (no .git travels)
