@@ -35,3 +35,19 @@ def test_ab_summary_ratios_per_round(tmp_path, monkeypatch):
     text = ab.summary(tmp_path, ["table", "plain"])
     assert "| 1 | 30.0 | 10.0 |" in text and "**2.50x** (2.00-3.00)" in text
     assert (tmp_path / "summary.md").read_text() == text and (tmp_path / "summary.png").stat().st_size > 0
+
+
+def test_ab_side_by_side_names_our_best_against_vllms(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for side, tok_s, accept in (("native_plain", 100.0, None), ("native_chain", 240.0, 2.4),
+                                ("vllm_plain", 80.0, None), ("vllm_eagle3", 120.0, 2.3)):
+        for c in (1, 8):
+            (sweep / f"{side}__chat__c{c}.json").write_text(json.dumps({"summary": {
+                "output_throughput": tok_s * c, "decode_tok_s": {"mean": tok_s}, "accept_length_responses": accept,
+                "completed": 40, "failed": 0}}))
+    table = ab.main(["side-by-side", str(sweep), "--out", str(tmp_path / "sbs")])
+    assert set(table["chat"]) == {1, 8} and table["chat"][8]["native_chain"]["output_tok_s"] == 1920.0
+    text = (tmp_path / "sbs.md").read_text()
+    assert "| 1 | 240 / 240 / 2.40 | 100 / 100 |" in text and "2.00x (native_chain / vllm_eagle3)" in text
+    assert (tmp_path / "sbs.png").stat().st_size > 0 and json.loads((tmp_path / "sbs.json").read_text())["chat"]
