@@ -47,7 +47,6 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_load import add_pair_args, engine_args, load_pair, run_load
-from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS
 from engine.config import SpecConfig
@@ -341,11 +340,10 @@ def main(argv: list[str] | None = None) -> dict | list:
     if argv is None and pick_device(args.device).type == "cpu":
         under_intel_openmp()
     result = run(args)
-    write_result(Path(args.out), result, markdown(result))
+    write_result(Path(args.out), result, markdown(result), claim=args.claim or f"Speculative decoding ("
+                 f"{result['model']} + {result['draft']}) against plain decoding at {args.concurrency} concurrent "
+                 "requests, in one process")
     Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)   # finished: nothing to resume
-    write_manifest(Path(args.out).parent, args.claim or f"Speculative decoding ({result['model']} + {result['draft']}) "
-                   f"against plain decoding at {args.concurrency} concurrent requests, in one process",
-                   command=result["provenance"]["command"])
     return result
 
 

@@ -7,7 +7,7 @@ import platform
 import time
 from pathlib import Path
 
-from benchmarks.manifest import typed_command
+from benchmarks.manifest import typed_command, write_manifest
 
 
 def provenance(argv: list[str] | None = None) -> dict:
@@ -23,12 +23,16 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
-def write_result(path: Path, result, markdown: str, plot=None) -> Path:
-    """`result` as JSON at `path`, `markdown` beside it (.md) and, given `plot(result, png_path)`, its .png."""
+def write_result(path: Path, result, markdown: str, plot=None, *, claim: str | None = None) -> Path:
+    """`result` as JSON at `path`, `markdown` beside it (.md), given `plot(result, png_path)` its .png and, given
+    the claim it backs, manifest.json in its folder (with the command in the result's provenance)."""
     write_json(path, result)
     path.with_suffix(".md").write_text(markdown)
     if plot is not None:
         plot(result, path.with_suffix(".png"))
+    if claim:
+        write_manifest(path.parent, claim, (result.get("provenance") or {}).get("command") if isinstance(result, dict)
+                       else None)
     print(f"{markdown}\nwrote {path}")
     return path
 

@@ -38,7 +38,6 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, write_result
 from benchmarks.server_proc import ROOT, free_port, ours, ours_env, server_process
 from drafter.prompts import read_records
@@ -375,11 +374,10 @@ def main(argv: list[str] | None = None) -> dict:
             items = requests(records, max_tokens, args.num_prompts + args.warmup, model=args.served_model)
             result = measure(url, items[args.warmup:], items[:args.warmup], args.max_concurrency, args.timeout)
     result = {"config": vars(args) | {"base_url": url}, **result, "provenance": prov}
-    write_result(Path(args.out_dir) / f"{name}.json", result, markdown(result))
-    write_manifest(args.out_dir, args.claim or (f"No errors, losses or leaks under load at {args.max_concurrency} "
-                   "concurrent requests" if args.check else f"Output throughput and latency over HTTP of {url} at "
-                   f"{args.max_concurrency} concurrent requests, {args.num_prompts} prompts, {args.max_tokens} tokens"),
-                   command=prov["command"])
+    write_result(Path(args.out_dir) / f"{name}.json", result, markdown(result), claim=args.claim or (
+        f"No errors, losses or leaks under load at {args.max_concurrency} concurrent requests" if args.check else
+        f"Output throughput and latency over HTTP of {url} at {args.max_concurrency} concurrent requests, "
+        f"{args.num_prompts} prompts, {args.max_tokens} tokens"))
     return result
 
 

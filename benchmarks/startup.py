@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON to write (.md and each start's .cold.log, .warm.log beside)")
     ap.add_argument("--cache-dir", required=True, help="emptied for the cold start (see above)")
+    ap.add_argument("--claim", help="the sentence the result backs, for manifest.json beside --out")
     engine = ap.add_argument_group("the engine (--draft none: plain decoding)")
     add_pair_args(engine, ["8b", "smollm2", "tiny"])
     engine.set_defaults(max_tokens=64)
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{kind}: " + ", ".join(f"{k} {v}" for k, v in s.items() if k.endswith("_s")), flush=True)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "child"}, "starts": starts,
               "provenance": provenance(argv)}
-    write_result(Path(args.out), result, markdown(result, args))
+    write_result(Path(args.out), result, markdown(result, args), claim=args.claim or "Seconds from launch to ready, "
+                 f"cold and warm, of {'the server' if args.server_args is not None else 'the engine'}")
     return result
 
 

@@ -65,6 +65,7 @@ def test_synthetic_acceptance_sets_the_tokens_per_step(tmp_path):
     for r in result["rows"]:   # --repeats 3: each row is the median of its three runs
         assert len(r["throughput_runs"]) == 3 and r["throughput"] == sorted(r["throughput_runs"])[1]
     assert "SYNTHETIC" in out.with_suffix(".md").read_text()
+    assert json.loads((tmp_path / "manifest.json").read_text())["claim"].startswith("Speculative decoding (random tiny")
 
 
 def test_bad_flags_name_what_is_wrong(tmp_path, capsys):

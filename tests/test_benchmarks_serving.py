@@ -45,3 +45,4 @@ def test_report_against_the_real_server(tmp_path):
     assert s["accept_length_responses"] > 1.5  # the fitted drafter is accepted
     assert "TPOT" in (tmp_path / "live.md").read_text()
     assert result["provenance"]["command"].startswith("python -m")
+    assert json.loads((tmp_path / "manifest.json").read_text())["command"] == result["provenance"]["command"]

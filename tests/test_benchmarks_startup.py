@@ -38,3 +38,4 @@ def test_server_cold_and_warm_first_answers(tmp_path):
         assert s["compiled_s"] is not None and s["streams"] > 0 and s["errors"] == 0
         assert all(len(texts) == 1 for texts in s["texts_by_prompt"].values())
     assert "| cold |" in out.with_suffix(".md").read_text() and out.with_suffix(".warm.log").stat().st_size > 0
+    assert json.loads((tmp_path / "manifest.json").read_text())["claim"].endswith("of the server")
