@@ -15,9 +15,10 @@ workers than cores, libgomp stops spinning between parallel regions, and every l
 engine thread waits for sleeping workers (on 2 shared cores a 42 ms step took 1.3 s after a compile in a
 thread). The loading thread runs no parallel op: it unpickles the artifact and checks its guards.
 
-The step costs that choose the steps table are measured before serving (engine/steps_by_cost.py), with
-no compile beside them; the worker is given that table, the CPU product forms and the traced switches,
-so it compiles exactly the steps this process serves.
+The step costs that choose the steps table and the CPU product forms are measured first, with no
+compile beside them: at load where the tuning cache holds them, else while serving (engine/tuning.py),
+and the worker starts once they are applied. It is given that table, the forms and the traced
+switches, so it compiles exactly the steps this process serves.
 """
 from __future__ import annotations
 
@@ -63,45 +64,62 @@ class CompileStatus:
     compiling: list[str] = field(default_factory=list)
     eager: list[str] = field(default_factory=list)
     error: str | None = None
+    tuning: dict = field(default_factory=dict)   # engine/tuning.Tuning.status(): what is measured, still measuring
 
     def as_dict(self) -> dict:
         d = {"compiled": self.compiled, "compiling": self.compiling, "eager": self.eager}
-        return d | ({"error": self.error} if self.error else {})
+        return d | ({"error": self.error} if self.error else {}) | ({"tuning": self.tuning} if self.tuning else {})
 
 
 class BackgroundCompiles:
     """The serving side: loads what a compile from an earlier start saved, starts the worker for the rest,
     and marks each shape ready as its compile loads. `on_change(status)` is called from its thread."""
 
-    def __init__(self, decoder, args, max_rows: int, on_change: Callable[[CompileStatus], None] = lambda s: None):
-        from models.layers import Linear, traced_switches
-        self.decoder, self.args, self.on_change = decoder, args, on_change
-        shapes = decoder.decode_shapes(max_rows)
-        self.pending: list[tuple] = [(padded, steps) for padded, steps in shapes]
-        self.rows = {(padded, steps): rows for (padded, steps), rows in shapes.items()}
-        if decoder.compiles_prefills:
-            self.pending.insert(0, ("prefill",))
-        self.eager = [key for key in decoder.decode_shapes(decoder.max_batch) if key not in self.rows]
-        self.job = CompileJob(args, decoder.spec.steps_by_batch if decoder.spec else (), Linear.cpu_forms,
-                              traced_switches(), [])
+    def __init__(self, decoder, args, max_rows: int, on_change: Callable[[CompileStatus], None] = lambda s: None,
+                 after=None):
+        self.decoder, self.args, self.max_rows, self.on_change = decoder, args, max_rows, on_change
+        self.after = after   # engine/tuning.Tuning: measurements that choose the steps to compile, taken first
         self.compiled: list[tuple] = []
         self.error: str | None = None
         self.worker: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
         self.started = time.perf_counter()
         self._stop = threading.Event()
+        self._plan()
         decoder.serve_compiled_when_ready()
+
+    def _plan(self) -> None:
+        """The shapes to compile and the worker's job, from the steps table and product forms in force."""
+        from models.layers import Linear, traced_switches
+        decoder = self.decoder
+        shapes = decoder.decode_shapes(self.max_rows)
+        self.rows = {(padded, steps): rows for (padded, steps), rows in shapes.items()}
+        self.pending: list[tuple] = [("prefill",)] * decoder.compiles_prefills + list(self.rows)
+        self.eager = [key for key in decoder.decode_shapes(decoder.max_batch) if key not in self.rows]
+        self.job = CompileJob(self.args, decoder.spec.steps_by_batch if decoder.spec else (), Linear.cpu_forms,
+                              traced_switches(), [])
 
     @property
     def status(self) -> CompileStatus:
+        """While measurements are still taken (`after`), `compiling` lists the shapes of the table served meanwhile."""
+        measuring = self.after.status() if self.after is not None else {}
         return CompileStatus([shape_label(k) for k in self.compiled], [shape_label(k) for k in self.pending],
-                             [shape_label(k) for k in self.eager], self.error)
+                             [shape_label(k) for k in self.eager], self.error, measuring)
 
     @property
     def done(self) -> bool:
         return not self.pending
 
     def start(self) -> None:
+        """Starts loading and compiling now, or once the measurements of `after` are applied."""
+        if self.after is not None and not self.after.done:
+            self.after.on_done.append(self._start)
+        else:
+            self._start()
+
+    def _start(self) -> None:
+        if self.after is not None:
+            self._plan()
         self.thread = threading.Thread(target=self._run, name="compile-loader", daemon=True)
         self.thread.start()
 

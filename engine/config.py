@@ -102,7 +102,7 @@ class SpecConfig:
     accept_rates: tuple[Annotated[StrictFloat, Field(ge=0, le=1)], ...] = Field(
         (), description="measured for this drafter: the share of verifies whose first 1, 2, ... drafts were "
                         "accepted (one rate per step); with it the steps per batch size come from step costs "
-                        "measured at load (empty: steps_by_batch, or steps)")
+                        "measured on this machine (empty: steps_by_batch, or steps)")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -192,7 +192,8 @@ class NativeConfig:
     compile_before_ready: StrictBool = Field(True, description="with compile: compile before /health turns ready "
                                                                "(false: serve eager steps at once while a process "
                                                                "of its own compiles them, each compiled step taking "
-                                                               "over between two engine steps)")
+                                                               "over between two engine steps; what tuning_cache "
+                                                               "lacks is measured between engine steps first)")
     prefill_graphs: StrictBool = Field(False, description="GPU: prefill each prompt of up to 256 tokens as a "
                                                           "captured CUDA graph (compiled with compile), groups of "
                                                           "up to 8 one prompt at a time (padded to a power of "

@@ -19,8 +19,10 @@ from engine.background_compile import BackgroundCompiles
 from engine.config import CONFIG, NativeConfig, SpecConfig
 from engine.decoder import BatchDecoder
 from engine.scheduler import NativeEngine
-from engine.steps_by_cost import choose_steps, kept_costs
-from models.cpu_products import kept_forms, measured_forms
+from engine.steps_by_cost import choose_steps, kept_costs, kept_costs_if_any, provisional_steps
+from engine.tuning import Tuning
+from models.cpu_forms import CpuForms
+from models.cpu_products import kept_forms, kept_forms_if_any, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
 from models.layers import Linear, fuse_projections
@@ -121,13 +123,22 @@ def load_models(args: NativeEngineArgs, cpu_forms=None) -> tuple[LlamaModel, Eag
         fuse_projections(drafter)
     fuse_projections(target)
     if device.type == "cpu" and dtype == torch.float32:
-        threads = torch.get_num_threads()
-        Linear.cpu_forms = cpu_forms or (kept_forms(threads, args.tuning_cache) if args.tuning_cache
-                                         else measured_forms(threads))
-        log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
-                 "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in Linear.cpu_forms.measured),
-                 Linear.cpu_forms.compiled)
+        forms = cpu_forms or product_forms(args, torch.get_num_threads())
+        Linear.cpu_forms = forms or CpuForms()
+        if forms:
+            log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
+                     "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in forms.measured), forms.compiled)
     return target, drafter, device
+
+
+def product_forms(args: NativeEngineArgs, threads: int) -> CpuForms | None:
+    """This CPU's product forms: kept in tuning_cache, else measured now; None (F.linear meanwhile)
+    where an engine that serves at once measures them while serving (engine/tuning.py)."""
+    if args.tuning_cache and (kept := kept_forms_if_any(threads, args.tuning_cache)):
+        return kept
+    if not args.compile_before_ready:
+        return None
+    return kept_forms(threads, args.tuning_cache) if args.tuning_cache else measured_forms(threads)
 
 
 def engine_info(args: NativeEngineArgs) -> EngineInfo:
@@ -158,6 +169,7 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
     `loaded` (from the same model paths), it reuses those models instead of loading them."""
     info = engine_info(args)
     background: list[BackgroundCompiles] = []
+    tuning: list[Tuning] = []
 
     def load():
         models = loaded or LoadedModels.load(args)
@@ -171,21 +183,32 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
                                prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,
                                compile_cache=compile_cache, step_width=args.step_width)
         spec = args.speculation
+        costs_later = False
         if spec is not None and spec.accept_rates:
             t0 = time.perf_counter()
-            costs = kept_costs(decoder, args.model, args.draft, args.tuning_cache)
-            decoder.set_steps_table(choose_steps(costs, spec.accept_rates))
-            log.info("steps per batch size %s from step costs (ms at 0..%d steps: %s) and accept rates %s (%.1f s)",
-                     dict(decoder.spec.steps_by_batch), spec.steps,
-                     "; ".join(f"{rows} rows " + " / ".join(f"{c:.1f}" for c in ms) for rows, ms in costs.items()),
-                     list(spec.accept_rates), time.perf_counter() - t0)
+            costs = kept_costs_if_any(decoder, args.model, args.draft, args.tuning_cache) if args.tuning_cache else None
+            if costs is None and not args.compile_before_ready:   # measured while serving (engine/tuning.py)
+                costs_later = True
+                decoder.set_steps_table(provisional_steps(spec.steps, args.max_batch))
+            else:
+                costs = costs or kept_costs(decoder, args.model, args.draft, args.tuning_cache)
+                decoder.set_steps_table(choose_steps(costs, spec.accept_rates))
+                log.info("steps per batch size %s from step costs (ms at 0..%d steps: %s) and accept rates %s "
+                         "(%.1f s)", dict(decoder.spec.steps_by_batch), spec.steps,
+                         "; ".join(f"{rows} rows " + " / ".join(f"{c:.1f}" for c in ms) for rows, ms in costs.items()),
+                         list(spec.accept_rates), time.perf_counter() - t0)
+        forms_later = device.type == "cpu" and target.embed_tokens.weight.dtype == torch.float32 \
+            and not Linear.cpu_forms.measured
+        if forms_later or costs_later:
+            tuning.append(Tuning(decoder, args, forms=forms_later, costs=costs_later))
         # A capture in serving would stall every request in flight, so shapes are prepared now.
         # Compiling takes minutes: compile_max_batch bounds it. Capturing CUDA graphs alone takes
         # seconds: every batch size. compile_max_batch 0 prepares nothing (benchmarks that change
         # the step first, as synthetic acceptance does, warm up themselves).
         if elsewhere:
             rows = min(args.compile_max_batch, args.max_batch)
-            background.append(BackgroundCompiles(decoder, dataclasses.replace(args, compile_cache=compile_cache), rows))
+            background.append(BackgroundCompiles(decoder, dataclasses.replace(args, compile_cache=compile_cache), rows,
+                                                 after=tuning[0] if tuning else None))
             if decoder.graphs.enabled:   # the eager steps' CUDA graphs, captured before serving
                 decoder.warm_up(args.max_batch)
         elif args.compile_max_batch and (compiled or decoder.graphs.enabled):
@@ -208,4 +231,5 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
 
     return NativeEngine(load, info, max_waiting=args.max_waiting, prefill_tokens=args.prefill_tokens,
                         prefill_min_rows=args.prefill_min_rows, grammar_timeout_s=args.grammar_timeout_s,
-                        background_compiles=lambda: background[0] if background else None)
+                        background_compiles=lambda: background[0] if background else None,
+                        tuning=lambda: tuning[0] if tuning else None)

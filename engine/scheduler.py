@@ -12,6 +12,7 @@ Deadlines are not checked here: the server enforces them (server/generation.py) 
 a late request like any other.
 With compiles made elsewhere (engine/background_compile.py) the thread serves eager steps and
 each compiled shape takes over at the first step after it has loaded: no request waits for a compile.
+What the tuning cache lacks about this machine it measures between its steps (engine/tuning.py).
 A request with a structured-output constraint waits for its grammar (compiled in a worker
 thread, engine/grammar.py) before it queues; one that fails to compile, or takes longer than
 `grammar_timeout_s`, ends with INVALID_REQUEST. Each admitted request that processes logits
@@ -46,6 +47,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.grammar import GrammarError, Grammars
 from engine.logits_processing import LogitsProcessor
 from engine.sampling import BatchSampling
+from engine.tuning import Tuning
 
 log = logging.getLogger("specserve.engine")
 
@@ -83,10 +85,13 @@ class NativeEngine:
     def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo,
                  max_waiting: int = 256, prefill_tokens: int = 8192, prefill_min_rows: int = 1,
                  grammar_timeout_s: float = GRAMMAR_TIMEOUT_S,
-                 background_compiles: Callable[[], BackgroundCompiles | None] = lambda: None):
+                 background_compiles: Callable[[], BackgroundCompiles | None] = lambda: None,
+                 tuning: Callable[[], Tuning | None] = lambda: None):
         self._load_fn = load_fn
         self._background_compiles = background_compiles
+        self._tuning = tuning
         self.compiles: BackgroundCompiles | None = None   # set at load when a worker compiles the steps
+        self.tuning: Tuning | None = None   # set at load when this machine is measured between steps
         # Called from the compile loader's thread with each change of the compile status (as_dict()).
         self.on_compile_news: Callable[[dict], None] = lambda status: None
         self.info = info
@@ -136,9 +141,12 @@ class NativeEngine:
 
     @property
     def compile_status(self) -> dict | None:
-        """Which decode shapes run compiled, which compile in the background, which stay eager (None:
-        no background compiles: the steps are all eager, or all compiled before ready)."""
-        return self.compiles.status.as_dict() if self.compiles is not None else None
+        """Which decode shapes run compiled, which compile in the background, which stay eager, and under
+        "tuning" what of this machine is measured and still measuring (None: neither compiles nor
+        measurements in the background: the steps are all eager, or all compiled before ready)."""
+        if self.compiles is not None:
+            return self.compiles.status.as_dict()
+        return {"tuning": self.tuning.status()} if self.tuning is not None else None
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Block until the engine thread holds no request and no step in flight: a request's last
@@ -168,10 +176,15 @@ class NativeEngine:
             try:
                 self.decoder, self.tokenizer, self.info = self._load_fn()
                 self.eos_ids = eos_ids(self.decoder.target, self.tokenizer)
+                if (tuning := self._tuning()) is not None:
+                    tuning.on_change = lambda: self.on_compile_news(self.compile_status)
+                    self.tuning = tuning
                 if (compiles := self._background_compiles()) is not None:
                     compiles.on_change = lambda status: self.on_compile_news(status.as_dict())
                     compiles.start()
                     self.compiles = compiles
+                if self.compile_status is not None:
+                    self.on_compile_news(self.compile_status)
             except BaseException as e:  # raised again in the caller
                 failed.append(e)
                 return
@@ -288,7 +301,8 @@ class NativeEngine:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._drain_inbox(block=not self._active and not self._waiting)
+                measuring = self.tuning is not None and not self.tuning.done
+                self._drain_inbox(block=not self._active and not self._waiting and not measuring)
                 t0, waited = time.perf_counter(), self.decoder.collect_wait_s
                 if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
@@ -302,6 +316,8 @@ class NativeEngine:
                 t0 = time.perf_counter()
                 self._flush()
                 self.host_s["flush"] += time.perf_counter() - t0
+                if measuring and self._next is None:   # between two steps (engine/tuning.py)
+                    self.tuning.between_steps(busy=bool(self._active or self._waiting))
         except Exception as e:  # the engine is dead: fail everything fast, never hang
             log.exception("engine thread died")
             self.dead = f"engine failed: {type(e).__name__}: {e}"

@@ -13,7 +13,7 @@ MIN_GAIN more than fewer):
 
 accept_rates[i] is the share of verifies whose first i+1 drafts are accepted, measured for the
 drafter (SpecConfig.accept_rates). cost(b, 0) is the speculative engine's step at 0 drafts: the
-target alone, the drafter catching up when its backlog is full. Costs are taken as the
+target alone, the drafter reading its backlog when it is full. Costs are taken as the
 loop pays them (device-side greedy steps, the host's read included). They are taken at a fixed
 context of CONTEXT tokens, the rows rewound after each step, and kept per machine
 (models/kept_measurements.py). Greedy outputs do not depend on the table (tests/test_lossless.py).
@@ -23,19 +23,20 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
-from engine.decoder import LAG_STEPS, BatchDecoder
+from engine.decode_state import BACKLOG_STEPS
+from engine.decoder import BatchDecoder
 from engine.sampling import BatchSampling
 from engine.saved_compile import code_fingerprint
-from models.kept_measurements import kept_measurement, processor
+from models.kept_measurements import kept_entry_if_any, kept_measurement, processor
 from models.layers import own_cache_copy
 
 CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt and its reply
 ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
-BLOCK = 4       # steps timed back to back per round at 1 or more drafts (LAG_STEPS at 0)
+BLOCK = 4       # steps timed back to back per round at 1 or more drafts (BACKLOG_STEPS at 0)
 # More drafts must predict this much more speed than fewer. The prediction leaves out admission
 # and a batch's tail, and measured ratios come out below it (1.59x for a predicted 1.74x at one
 # request on CPU; at 8 rows a predicted 1.05x over 0 steps ran at 0.85-0.89x plain decoding over
@@ -49,40 +50,52 @@ def batch_sizes(max_batch: int) -> list[int]:
     return sizes + [max_batch]
 
 
-@torch.inference_mode()
 def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS) -> dict[int, list[float]]:
     """ms per engine step at each batch size and each step count 0..spec.steps.
 
     The step counts take turns, `rounds` times. Each turn runs one untimed step (a change of
-    step count can catch the drafter up), then times a block of steps back to back. At 0 steps
-    the block is LAG_STEPS steps: with graphs or compile they hold exactly one catch-up of the
-    drafter; without (CPU), whose backlog holds EAGER_LAG_STEPS, none, and one catch-up per 128
+    step count can make the drafter read its backlog), then times a block of steps back to back. At
+    0 steps the block is BACKLOG_STEPS steps: with graphs or compile they hold exactly one backlog
+    read; without (CPU), whose backlog holds EAGER_BACKLOG_STEPS, none, and one backlog read per 128
     steps costs no more. A step count keeps its fastest block: other work on the machine only adds
     time (a shared VM can run one step count 40-70% slow in a single block). Leaves every row
     empty and the decoder's own speculative setting in force."""
+    costs: dict[int, list[float]] = {}
+    for _ in cost_slices(dec, sizes, costs, rounds):
+        pass
+    return costs
+
+
+@torch.inference_mode()
+def cost_slices(dec: BatchDecoder, sizes: Sequence[int], costs: dict, rounds: int = ROUNDS) -> Iterator[None]:
+    """measure_costs a slice at a time, filling `costs`: it yields after each prompt prefilled and
+    each timed block (a few steps), so a serving engine thread can run its own steps between
+    slices (engine/tuning.py, with `dec` a decoder of its own); each slice times only its own block."""
     own = dec.spec
     prompt = [i % dec.target.config.vocab_size for i in range(1, min(CONTEXT, dec.cache_len // 2) + 1)]
-    costs, filled = {}, 0
+    filled = 0
     for rows in sizes:
         for row in range(filled, rows):  # a step rewound writes only past the prompt: rows stay filled
             dec.prefill(row, prompt, BatchSampling.all_greedy_rows(1, dec.device))
+            yield
         filled = max(filled, rows)
         start = dec.lens[:rows]
-        best = [float("inf")] * (dec.spec.steps + 1)
+        best = [float("inf")] * (own.steps + 1)
         for _ in range(rounds):
             for steps in range(len(best)):
                 dec.set_steps_table(((dec.max_batch, steps),))
-                n = LAG_STEPS if steps == 0 else BLOCK
+                n = BACKLOG_STEPS if steps == 0 else BLOCK
                 for i in range(1 + n):
                     if i == 1:
                         t0 = time.perf_counter()
                     dec.lens[:rows] = start
                     dec.collect(dec.launch(rows))
                 best[steps] = min(best[steps], (time.perf_counter() - t0) * 1000 / n)
+                dec.spec = own
+                yield
         costs[rows] = best
     dec.spec = own
     dec.empty_rows()
-    return costs
 
 
 def choose_steps(costs: dict[int, list[float]], accept_rates: Sequence[float],
@@ -98,6 +111,13 @@ def choose_steps(costs: dict[int, list[float]], accept_rates: Sequence[float],
                 best = s
         table.append((rows, best))
     return tuple(table)
+
+
+def provisional_steps(steps: int, max_batch: int) -> tuple[tuple[int, int], ...]:
+    """The table served until this machine's costs are measured (engine/tuning.py): `steps` for one
+    request, one draft step from two rows on. One draft step costs least where a verify's rows cost
+    more than drafts give (on CPU, at the larger batches), and still gains where they do not."""
+    return ((1, steps),) if max_batch == 1 else ((1, steps), (max_batch, min(1, steps)))
 
 
 def costs_key(dec: BatchDecoder, model: str, draft: str, sizes: Sequence[int]) -> str:
@@ -116,6 +136,10 @@ def eager_twin(dec: BatchDecoder) -> BatchDecoder:
                         max_context=2 * CONTEXT)
 
 
+def costs_path(folder: str) -> Path:
+    return Path(folder) / "step_costs.json"
+
+
 def kept_costs(dec: BatchDecoder, model: str, draft: str, folder: str | None) -> dict[int, list[float]]:
     """measure_costs at batch_sizes(max_batch), kept in `folder`/step_costs.json (None: measured
     here, not kept). A compiled decoder's costs are its eager twin's, under the same key; the twin
@@ -127,10 +151,21 @@ def kept_costs(dec: BatchDecoder, model: str, draft: str, folder: str | None) ->
 
     if not folder:
         return costs()
-
-    def measure() -> dict:
-        return {"ms": {rows: [round(c, 3) for c in ms] for rows, ms in costs().items()}}
-
-    entry = kept_measurement(Path(folder) / "step_costs.json", costs_key(dec, model, draft, sizes), measure,
+    entry = kept_measurement(costs_path(folder), costs_key(dec, model, draft, sizes), lambda: costs_entry(costs()),
                              "step costs per batch size")
+    return from_entry(entry)
+
+
+def costs_entry(costs: dict[int, list[float]]) -> dict:
+    """What the tuning cache keeps of measured costs."""
+    return {"ms": {rows: [round(c, 3) for c in ms] for rows, ms in costs.items()}}
+
+
+def from_entry(entry: dict) -> dict[int, list[float]]:
     return {int(rows): ms for rows, ms in entry["ms"].items()}
+
+
+def kept_costs_if_any(dec: BatchDecoder, model: str, draft: str, folder: str) -> dict[int, list[float]] | None:
+    """The costs kept in `folder` for this machine, pair and code, or None where none are kept yet."""
+    entry = kept_entry_if_any(costs_path(folder), costs_key(dec, model, draft, batch_sizes(dec.max_batch)))
+    return from_entry(entry) if entry else None

@@ -20,16 +20,18 @@ from, in a file that every later server with the same processor, thread count an
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
 from models.cpu_forms import CPU_FEW_ROWS, CpuForms, few_rows_cpu, onednn_available, onednn_linear
-from models.kept_measurements import kept_measurement, processor
+from models.kept_measurements import kept_entry_if_any, kept_measurement, processor
 
 # 57 MB of float32 weights in SmolLM2's width: beyond a VM's share of the last-level cache.
 CALIBRATION_SHAPE = (24576, 576)
@@ -51,28 +53,49 @@ def _forms() -> dict:
     return forms
 
 
-@torch.inference_mode()
 def form_timings(threads: int, reps: int) -> dict[int, dict[str, float]]:
     """Row count -> form -> fastest ms at `threads` intra-op threads (few_rows up to CPU_FEW_ROWS
     rows). Every (row count, form) takes its turn once per rep, so a busy spell on the machine (the
     server's own start-up, beside the engine process) falls on few runs of each, not on all of one."""
+    timings: dict[int, dict[str, float]] = {}
+    for _ in timing_slices(threads, reps, timings):
+        pass
+    return timings
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """`n` intra-op threads inside (set only where the count differs: a serving engine thread has it)."""
     saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    if saved == n:
+        yield
+        return
+    torch.set_num_threads(n)
     try:
-        w = torch.randn(CALIBRATION_SHAPE, generator=torch.Generator().manual_seed(0))
-        xs = {n: torch.randn(n, w.shape[1]) for n in CALIBRATED_ROWS}
-        forms = _forms()
-        best = {n: {name: float("inf") for name in forms if name != "few_rows" or n <= CPU_FEW_ROWS} for n in xs}
-        for rep in range(reps + 1):  # the first runs are untimed
-            for n, x in xs.items():
-                for name in best[n]:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@torch.inference_mode()
+def timing_slices(threads: int, reps: int, timings: dict) -> Iterator[None]:
+    """form_timings a slice at a time, filling `timings`: it yields after each row count of each rep
+    (a few ms of products), so a serving engine thread can run other work between slices
+    (engine/tuning.py); each slice times only its own runs."""
+    w = torch.randn(CALIBRATION_SHAPE, generator=torch.Generator().manual_seed(0))
+    xs = {n: torch.randn(n, w.shape[1]) for n in CALIBRATED_ROWS}
+    forms = _forms()
+    timings.update({n: {name: float("inf") for name in forms if name != "few_rows" or n <= CPU_FEW_ROWS}
+                    for n in xs})
+    for rep in range(reps + 1):  # the first runs are untimed
+        for n, x in xs.items():
+            with _threads(threads):
+                for name in timings[n]:
                     t0 = time.perf_counter()
                     forms[name](x, w)
                     if rep:
-                        best[n][name] = min(best[n][name], (time.perf_counter() - t0) * 1000)
-        return best
-    finally:
-        torch.set_num_threads(saved)
+                        timings[n][name] = min(timings[n][name], (time.perf_counter() - t0) * 1000)
+            yield
 
 
 def fastest_forms(timings: dict[int, dict[str, float]]) -> CpuForms:
@@ -102,10 +125,20 @@ def kept_entry(timings: dict[int, dict[str, float]]) -> dict:
             "ms": {n: {name: round(t, 4) for name, t in ms.items()} for n, ms in timings.items()}}
 
 
+def forms_path(folder: str) -> Path:
+    return Path(folder) / "cpu_products.json"
+
+
+def kept_forms_if_any(threads: int, folder: str) -> CpuForms | None:
+    """The forms kept in `folder` for this machine, or None where none are kept yet (nothing measured)."""
+    entry = kept_entry_if_any(forms_path(folder), machine_key(threads))
+    return CpuForms(tuple((n, form) for n, form in entry["forms"])) if entry else None
+
+
 @functools.cache
 def kept_forms(threads: int, folder: str) -> CpuForms:
     """measured_forms, measured once per machine key and kept in `folder`/cpu_products.json with
     its timings (models/kept_measurements.py)."""
-    entry = kept_measurement(Path(folder) / "cpu_products.json", machine_key(threads),
+    entry = kept_measurement(forms_path(folder), machine_key(threads),
                              lambda: kept_entry(form_timings(threads, REPS)), "CPU product forms")
     return CpuForms(tuple((n, form) for n, form in entry["forms"]))

@@ -34,6 +34,15 @@ def processor() -> str:
     return platform.processor() or platform.machine()
 
 
+def kept_entry_if_any(path: Path, key: str) -> dict | None:
+    """The entry for `key` in the JSON file at `path`, if one is kept there (None: absent or unreadable),
+    without measuring: a server that serves at once and measures later (engine/tuning.py) asks first."""
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def kept_measurement(path: Path, key: str, measure: Callable[[], dict], what: str) -> dict:
     """The entry for `key` in the JSON file at `path` (one entry per key); absent or unreadable,
     `measure()` makes it, stamped with the time, and it is written for the next process."""

@@ -56,10 +56,11 @@ def health(url: str) -> dict:
 @pytest.mark.timeout(900)  # cold: about 2 minutes alone on 2 cores, most of it the background compile awaited
 def test_make_serve_answers_before_its_steps_compile_and_neither_compiling_nor_speculation_changes_a_token(tmp_path):
     """`make serve` runs serve.sh: cpu-default (speculating with steps per batch size from step costs it
-    measures at load; compiled), SmolLM2 from its installed package, here at one row (`make serve
-    ARGS="--max-batch 1"`: one decode shape to compile, the fewest costs to measure). /health turns
-    ready before any step is compiled; both questions asked at once then are answered by eager steps while
-    a worker process compiles (/health still says so after they are answered), and again once the compiled
+    measures while serving, as it does this CPU's product forms; compiled), SmolLM2 from its installed
+    package, here at one row (`make serve ARGS="--max-batch 1"`: one decode shape to compile, the fewest
+    costs to measure). /health turns ready before anything is measured or compiled; both questions asked
+    at once then are answered by eager steps while the engine measures and then a worker process compiles
+    (/health still says so after they are answered), and again once the compiled
     step has taken over, with the same text. Eager plain decoding (--no-spec --no-compile) gives it too:
     neither speculation nor the compile changes a token."""
     answers = {}
@@ -73,11 +74,13 @@ def test_make_serve_answers_before_its_steps_compile_and_neither_compiling_nor_s
             assert time.monotonic() < deadline, srv.output()[-3000:]
             time.sleep(1)
         assert len(steps["compiled"]) == 1 and steps["eager"] == [], steps
+        assert steps["tuning"] == {"measured": ["CPU product forms", "step costs"], "measuring": []}, steps
         answers["compiled"] = ask_all(srv.url)
     finally:
         assert srv.stop() == 0, srv.output()[-3000:]
     log = srv.output()
     assert "profile cpu-default" in log and "steps per batch size {1: " in log   # from measured costs
+    assert "from step costs measured while serving" in log and "product forms by row count, measured while" in log
     assert "serving eager decode steps while a worker process compiles 1 row x " in log
     assert "1 of 1 decode shapes compiled" in log and "every decode shape compiled" in log
     plain = start_server(["--no-spec", "--no-compile", "--max-batch", "1"], tmp_path / "plain.log", timeout=600)
