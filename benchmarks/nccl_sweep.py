@@ -24,10 +24,11 @@ One H100, tree slimmed (benchmarks/device_tree.sh slim), consecutive calls on on
     --concurrency 1,2,4,8,16,32 --out-dir /root/w/nccl --resume; cp /root/w/nccl/*.* $OUT/
   source /root/vllm-site/env.sh && python3 -m benchmarks nccl --shape 70b --accept reference
     --out-dir /root/w/nccl --resume; cp /root/w/nccl/*.* $OUT/      (70b: 29 of 80 layers fit one H100)
-A call cut at its limit loses only the point in flight: the same command again resumes. Eight GPUs:
-  python3 -m benchmarks nccl --tp 8 --shape 70b --accept reference --name tp8-70b --resume
+A call cut at its limit loses only the point in flight: the same command again resumes. DeepSeek's
+MLA on the bundle (unverified: its MLA kernels other than FlashMLA decide): --shape deepseek --steps 0,3.
+Eight GPUs:  python3 -m benchmarks nccl --tp 8 --shape 70b --accept reference --name tp8-70b --resume
 Every point's vLLM arguments and environment, nothing started: --dry-run. vLLM's CPU build (its
-sampler has no synthetic acceptance, so drafts are verified for real):
+sampler has no synthetic acceptance, so drafts are verified for real; --tp 2 runs there too):
   python -m benchmarks nccl --device cpu --shape tiny --accept none --steps 0,2 --concurrency 1,2 \\
     --gpu-memory-utilization 0.2 --max-model-len 256 --python .venv-vllm/bin/python
 """
@@ -56,12 +57,9 @@ PROTOS, ALGOS, P2P_LEVELS = ("LL", "LL128", "Simple"), ("Ring", "Tree"), ("NVL",
 def all_combos() -> list[tuple[str, dict, bool]]:
     """(label, environment, custom all-reduce on) of every NCCL point."""
     out = [("vllm default", {}, True), ("NCCL default", dict(NCCL_ONLY), False)]
-    for proto, algo, lvl in itertools.product(PROTOS, ALGOS, P2P_LEVELS):
-        out.append((f"{proto}/{algo}/P2P {lvl}",
-                    {**NCCL_ONLY, "NCCL_PROTO": proto, "NCCL_ALGO": algo, "NCCL_P2P_LEVEL": lvl}, False))
-    for proto, algo in itertools.product(PROTOS, ALGOS):
-        out.append((f"{proto}/{algo}/P2P off",
-                    {**NCCL_ONLY, "NCCL_PROTO": proto, "NCCL_ALGO": algo, "NCCL_P2P_DISABLE": "1"}, False))
+    for proto, algo, lvl in itertools.product(PROTOS, ALGOS, (*P2P_LEVELS, "off")):
+        p2p = {"NCCL_P2P_DISABLE": "1"} if lvl == "off" else {"NCCL_P2P_LEVEL": lvl}
+        out.append((f"{proto}/{algo}/P2P {lvl}", {**NCCL_ONLY, "NCCL_PROTO": proto, "NCCL_ALGO": algo, **p2p}, False))
     return out
 
 
@@ -85,7 +83,10 @@ def profile_text(a, pair: tuple[Path, Path], steps: int | dict, env: dict, custo
     if not cpu:
         extra["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
                                        **({"cudagraph_capture_sizes": graphs} if graphs else {})}
-    env = {**({"VLLM_CPU_KVCACHE_SPACE": "2"} if cpu else {**BASE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}), **env}
+    # vLLM's CPU guide: KV cache GiB; one core per rank, bound (its automatic binding wants a NUMA node per rank)
+    cpu_env = {"VLLM_CPU_KVCACHE_SPACE": "2", **({"VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, range(a.tp)))}
+                                                 if a.tp > 1 else {})}
+    env = {**(cpu_env if cpu else {**BASE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}), **env}
     lines = [f"# {line}" for line in header.splitlines()] + [
         f'description = "vLLM, TP {a.tp}, {a.shape} shape with dummy weights, EAGLE-3 chain"', 'engine = "vllm"',
         "", "[model]", f"path = {_toml(str(pair[0]))}", f"draft = {_toml(str(pair[1]))}",
@@ -141,9 +142,10 @@ def run_point(a, work: Path, key: str, steps: int, env: dict, custom_ar: bool, c
         with log.open("w") as f:
             proc = subprocess.run([a.python, "-m", "benchmarks.tensor_parallel", str(work / "job.json")],
                                   env=child_env, cwd=root, stdout=f, stderr=subprocess.STDOUT, timeout=a.point_timeout)
-        if proc.returncode:  # the first error line vLLM printed names the root cause; the log has the rest
-            errors = [x for x in log.read_text().splitlines() if "Error: " in x and "EngineDeadError" not in x]
-            point["error"] = f"exit {proc.returncode}: " + (errors[-1].strip() if errors else "") + f" (log: {log})"
+        if proc.returncode:
+            errors = [x for x in log.read_text().splitlines() if "Error: " in x] or [""]
+            cause = next((x for x in errors if " ERROR " in x), errors[-1])  # vLLM logs the root cause first
+            point["error"] = f"exit {proc.returncode}: {cause.strip()[-300:]} (log: {log})"
         else:
             point.update(json.loads((work / "result.json").read_text()))
     except subprocess.TimeoutExpired:
@@ -189,7 +191,7 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, png: Path) -> None:
     """Step sweep: tok/s over the plain rate against draft steps, a line per concurrency; NCCL sweep:
-    step time per point and concurrency."""
+    each point's score."""
     from benchmarks.report import pyplot, save_figure
 
     nccl = [p for p in result["points"] if p["phase"] == "nccl" and p.get("rows")]
@@ -202,13 +204,9 @@ def plot(result: dict, png: Path) -> None:
     axes[0][0].set(xlabel="draft steps (chain)", ylabel="tok/s / plain" if plain else "tok/s",
                    title=f"TP {result['tp']}, {result['shape']} ({result['layers']} layers), accept {result['accept']}")
     axes[0][0].legend()
-    for i, c in enumerate(sorted({r["concurrency"] for p in nccl for r in p["rows"]})):
-        ms = [next((r["step_ms"] for r in p["rows"] if r["concurrency"] == c), 0) for p in nccl]
-        axes[0][1].barh([j + 0.4 * i for j in range(len(nccl))], ms, height=0.4, label=f"{c} requests")
     if nccl:
-        axes[0][1].set(yticks=range(len(nccl)), yticklabels=[p["key"] for p in nccl], xlabel="step ms",
-                       title="NCCL settings")
-        axes[0][1].legend()
+        axes[0][1].barh([p["key"] for p in nccl], [score(p) for p in nccl])
+        axes[0][1].set(xlabel="step ms, geometric mean over concurrencies", title="NCCL settings")
     save_figure(fig, png)
 
 
@@ -216,8 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (GPUs)")
     ap.add_argument("--shape", default="8b", choices=sorted(tp_shapes.SHAPES))
-    ap.add_argument("--layers", type=int, help="target depth (default: the full depth where it fits, see fit_layers)")
-    ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU, for the depth that fits")
+    ap.add_argument("--layers", type=int, help="target depth (default: the full depth where it fits on 80 GiB GPUs)")
     ap.add_argument("--accept", default="8b", choices=[*tp_shapes.CURVES, "none"],
                     help="synthetic acceptance curve (none: vLLM verifies for real, as on CPU)")
     ap.add_argument("--steps", default="0,1,2,3,4,5,6,7", help="draft steps of the step sweep")
@@ -241,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
     a.steps = [int(s) for s in a.steps.split(",")]
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     full = tp_shapes.SHAPES[a.shape]["num_hidden_layers"]
-    layers = max(3, a.layers or tp_shapes.fit_layers(a.shape, a.tp, a.gpu_gib))  # three aux layers
+    layers = max(3, a.layers or tp_shapes.fit_layers(a.shape, a.tp))  # three aux layers
     name = a.name or f"tp{a.tp}-{a.shape}"
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)

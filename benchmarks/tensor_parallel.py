@@ -110,7 +110,7 @@ def drafter_config(shape: str, target: dict) -> dict:
     return config_to_hf(cfg, "vllm")
 
 
-def fit_layers(shape: str, tp: int, gpu_gib: float, weight_share: float = 0.7) -> int:
+def fit_layers(shape: str, tp: int, gpu_gib: float = 80.0, weight_share: float = 0.7) -> int:
     """The depth whose bf16 weights take at most `weight_share` of the GPUs' memory (the rest: KV
     cache, activations, graphs); the full depth where it fits. The drafter counts as one target layer,
     its fc, head and embedding."""

@@ -106,17 +106,24 @@ def test_written_profile_serves_the_steps_table(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-venv)")
-def test_cpu_vllm_runs_the_step_sweep(tmp_path):
-    r = nccl_sweep.main(["--device", "cpu", "--shape", "tiny", "--accept", "none", "--steps", "0,2",
-                         "--concurrency", "1,2", "--max-tokens", "24", "--prompt-len", "16", "--rounds", "1",
+def test_cpu_vllm_runs_both_sweeps_at_tp2(tmp_path):
+    """Two vLLM starts at TP 2: one NCCL point (plain), then EAGLE-3 with 2 steps at the winner's settings."""
+    r = nccl_sweep.main(["--tp", "2", "--device", "cpu", "--shape", "tiny", "--accept", "none",
+                         "--only", "LL/Ring/P2P SYS", "--nccl-steps", "0", "--nccl-concurrency", "1", "--steps", "2",
+                         "--concurrency", "1,2", "--max-tokens", "16", "--prompt-len", "16", "--rounds", "1",
                          "--gpu-memory-utilization", "0.2", "--max-model-len", "256", "--python", str(VLLM_PYTHON),
                          "--out-dir", str(tmp_path)])
-    saved = json.loads((tmp_path / "tp1-tiny.json").read_text())
-    assert [p["key"] for p in saved["points"]] == ["steps 0", "steps 2"]
+    saved = json.loads((tmp_path / "tp2-tiny.json").read_text())
+    assert [(p["phase"], p["key"]) for p in saved["points"]] == [("nccl", "LL/Ring/P2P SYS"), ("steps", "steps 2")]
     for p in saved["points"]:
         assert "error" not in p, p.get("error")
-        assert [row["concurrency"] for row in p["rows"]] == [1, 2] and all(row["tok_s"] > 0 for row in p["rows"])
+        assert p["kwargs"]["tensor_parallel_size"] == 2 and p["kwargs"]["disable_custom_all_reduce"]
+        assert all(row["tok_s"] > 0 and row["step_ms"] > 0 for row in p["rows"])
     assert saved["points"][1]["rows"][0]["accept_length"] >= 1   # EAGLE-3 drafted and verified
-    assert set(r["steps_by_batch"]) == {"1", "2"} and "| steps 2 |" in (tmp_path / "tp1-tiny.md").read_text()
-    kw = vllm_engine_args(resolve(r["profile"], environ={}).profile)
-    assert kw["load_format"] == "dummy" and kw["model"].endswith("tp1-tiny-models/target")
+    assert saved["points"][1]["env"]["NCCL_PROTO"] == "LL"       # the step sweep ran with the winner
+    assert r["nccl_winner"] == "LL/Ring/P2P SYS" and r["steps_by_batch"] == {"1": 2, "2": 2}
+    assert (tmp_path / "tp2-tiny.png").is_file() and "| nccl | LL/Ring/P2P SYS |" in (tmp_path / "tp2-tiny.md").read_text()
+    launch = resolve(r["profile"], environ={})
+    kw = vllm_engine_args(launch.profile)
+    assert kw["load_format"] == "dummy" and kw["tensor_parallel_size"] == 2 and kw["disable_custom_all_reduce"]
+    assert launch.env["NCCL_PROTO"] == "LL" and kw["speculative_config"]["num_speculative_tokens"] == 2
