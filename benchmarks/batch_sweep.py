@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine_load import add_pair_args, engine_args, load_pair, run_load
-from benchmarks.report import md_table, provenance, pyplot, save_figure, write_result
+from benchmarks.report import by_concurrency, md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS
 from engine.config import SpecConfig
 from engine.loading import build_engine, pick_device
@@ -220,8 +220,7 @@ def markdown(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The sweep's settings, checked and normalised (lists, the resolved model path): `run` takes
-    them, and so do scripts that serve the same load another way."""
+    """The sweep's settings, checked and normalised (lists, the resolved model path)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap, sorted(TARGETS))
     ap.add_argument("--synthetic-accept", help="per-position acceptance rates, comma list (random pair only)")
@@ -243,8 +242,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="draft at a concurrency only where a chain beats 0 steps by more than this share")
     ap.add_argument("--out", required=True, help="JSON to write (a profile's speculative.sweep_file)")
     ap.add_argument("--resume", action="store_true", help="keep the rows of <out>.partial.json, measure the rest")
-    ap.add_argument("--claim", help="the sentence the result backs, for manifest.json beside --out "
-                    "(default: what was measured)")
+    ap.add_argument("--claim", help="the sentence the result backs, for manifest.json beside --out")
     args = ap.parse_args(argv)
     args.steps = [int(s) for s in args.steps.split(",") if s]
     if args.repeats < 1:
@@ -305,11 +303,8 @@ def best_against_best(argv: list[str]) -> list[dict]:
     ax2.plot(cs, [r["x throughput"] for r in curve], "r-o", label="throughput ratio")
     ax2.plot(cs, [r["x per request"] for r in curve], "m:o", label="per-request ratio")
     ax2.plot(list(PAPER), list(PAPER.values()), "b--", alpha=0.5, label="EAGLE-3 paper, SGLang, Llama-3.1-8B")
-    for axes, label in ((ax, "output throughput, tok/s"), (ax2, "best speculative / best without drafts")):
-        axes.set_xscale("log", base=2)
-        axes.set(xlabel="concurrency", ylabel=label)
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
+    by_concurrency(ax, "output throughput, tok/s")
+    by_concurrency(ax2, "best speculative / best without drafts")
     ax2.axhline(1.0, color="gray", lw=0.8)
     fig.suptitle(a.title)
     save_figure(fig, out.with_suffix(".png"))
@@ -334,8 +329,8 @@ def under_intel_openmp() -> None:
 
 def main(argv: list[str] | None = None) -> dict | list:
     """From the command line (no argv) on CPU, under Intel's OpenMP first."""
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["best"]:
-        return best_against_best((sys.argv[1:] if argv is None else argv)[1:])
+    if (argv or sys.argv[1:])[:1] == ["best"]:
+        return best_against_best((argv or sys.argv[1:])[1:])
     args = parse_args(argv)
     if argv is None and pick_device(args.device).type == "cpu":
         under_intel_openmp()
