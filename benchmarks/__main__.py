@@ -11,7 +11,8 @@ TOOLS = {   # tool -> (the module whose main() runs it from sys.argv, the questi
            "tables of their results"),
     "startup": ("benchmarks.startup", "cold and warm start-up of the engine or the server: ready, first answer, "
                 "stalls while compiled steps swap in"),
-    "nccl": ("benchmarks.nccl_sweep", "all-reduce latency per NCCL setting; decode with the target tensor-parallel"),
+    "nccl": ("benchmarks.nccl_sweep", "NCCL settings and draft steps for a large shape served through vLLM at "
+             "tensor parallel N, written into a profile"),
 }
 
 if __name__ == "__main__":

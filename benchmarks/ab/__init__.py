@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int | dict:
         return 0
     if argv[:1] == ["side-by-side"]:
         return side_by_side(argv[1:])
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if not all("=" in s for s in argv) or not (argv or "OUT" in os.environ):
         raise SystemExit(__doc__)
     env = {**os.environ, **dict(s.split("=", 1) for s in argv)}
