@@ -15,7 +15,8 @@ and our engine's 8B synthetic record is an in-process engine loop too.
 2. Step sweep: each --steps count (chain) at each --concurrency with the winner's environment; the
    step count with the most tok/s at each concurrency becomes [speculative] steps_by_batch.
 Writes <out>/<name>.json / .md / .png as points finish (--resume keeps finished ones), vLLM's log of
-each point under <name>-logs/, and <name>.toml: a profile serving the dummy shape with the winners.
+each point under <name>-logs/, and <name>.toml: a profile serving the dummy shape with the winners;
+with --claim, manifest.json (GPU, driver, torch, vLLM, mode, command) for a record.
 
 One H100, tree slimmed (benchmarks/device_tree.sh slim), consecutive calls on one warm machine:
   carry .carry/vllm/vllm-bundle.tar.xz.00, .carry/vllm/SHA256SUMS:   bash benchmarks/gpu/vllm_bundle.sh stash
@@ -46,6 +47,7 @@ import time
 from pathlib import Path
 
 from benchmarks import tensor_parallel as tp_shapes
+from benchmarks.manifest import write_manifest
 from benchmarks.report import md_table, provenance, write_result
 
 BASE_ENV = {"NCCL_NVLS_ENABLE": "0"}
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dry-run", action="store_true", help="print every point's vLLM arguments and environment")
     ap.add_argument("--resume", action="store_true", help="keep the points the JSON already holds")
     ap.add_argument("--name", help="output stem (default tp<N>-<shape>)")
+    ap.add_argument("--claim", help="the sentence the record backs: writes manifest.json beside it")
     ap.add_argument("--out-dir", default="runs/nccl")
     a = ap.parse_args(argv)
     a.steps = [int(s) for s in a.steps.split(",")]
@@ -293,7 +296,10 @@ def main(argv: list[str] | None = None) -> dict:
     engine_args(prof, a, 0)  # the written profile resolves as our server resolves it
     result["profile"] = str(prof)
     write_result(path, result, markdown(result), plot)
-    print(markdown(result))
+    if a.claim:  # the record's manifest: machine, versions, how vLLM ran
+        mode = "enforce_eager" if a.device == "cpu" else "full CUDA graphs, no torch.compile (mode 0, FULL_DECODE_ONLY)"
+        write_manifest(out, a.claim, result["provenance"]["command"], mode=mode,
+                       vllm=next((p["vllm"] for p in result["points"] if "vllm" in p), None))
     return result
 
 

@@ -112,8 +112,10 @@ def test_cpu_vllm_runs_both_sweeps_at_tp2(tmp_path):
                          "--only", "LL/Ring/P2P SYS", "--nccl-steps", "0", "--nccl-concurrency", "1", "--steps", "2",
                          "--concurrency", "1,2", "--max-tokens", "16", "--prompt-len", "16", "--rounds", "1",
                          "--gpu-memory-utilization", "0.2", "--max-model-len", "256", "--python", str(VLLM_PYTHON),
-                         "--out-dir", str(tmp_path)])
+                         "--claim", "runs", "--out-dir", str(tmp_path)])
     saved = json.loads((tmp_path / "tp2-tiny.json").read_text())
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["claim"] == "runs" and manifest["vllm"] == "0.32.0" and manifest["mode"] == "enforce_eager"
     assert [(p["phase"], p["key"]) for p in saved["points"]] == [("nccl", "LL/Ring/P2P SYS"), ("steps", "steps 2")]
     for p in saved["points"]:
         assert "error" not in p, p.get("error")
