@@ -13,7 +13,7 @@ MIN_GAIN more than fewer):
 
 accept_rates[i] is the share of verifies whose first i+1 drafts are accepted, measured for the
 drafter (SpecConfig.accept_rates). cost(b, 0) is the speculative engine's step at 0 drafts: the
-target alone, the drafter reading its backlog when it is full. Costs are taken as the
+target alone, the drafter catching up when its backlog is full. Costs are taken as the
 loop pays them (device-side greedy steps, the host's read included). They are taken at a fixed
 context of CONTEXT tokens, the rows rewound after each step, and kept per machine
 (models/kept_measurements.py). Greedy outputs do not depend on the table (tests/test_lossless.py).
@@ -27,8 +27,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from engine.decode_state import BACKLOG_STEPS
-from engine.decoder import BatchDecoder
+from engine.decoder import LAG_STEPS, BatchDecoder
 from engine.sampling import BatchSampling
 from engine.saved_compile import code_fingerprint
 from models.kept_measurements import kept_entry_if_any, kept_measurement, processor
@@ -36,7 +35,7 @@ from models.layers import own_cache_copy
 
 CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt and its reply
 ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
-BLOCK = 4       # steps timed back to back per round at 1 or more drafts (BACKLOG_STEPS at 0)
+BLOCK = 4       # steps timed per round at 1 or more drafts (LAG_STEPS at 0)
 # More drafts must predict this much more speed than fewer. The prediction leaves out admission
 # and a batch's tail, and measured ratios come out below it (1.59x for a predicted 1.74x at one
 # request on CPU; at 8 rows a predicted 1.05x over 0 steps ran at 0.85-0.89x plain decoding over
@@ -54,9 +53,9 @@ def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS)
     """ms per engine step at each batch size and each step count 0..spec.steps.
 
     The step counts take turns, `rounds` times. Each turn runs one untimed step (a change of
-    step count can make the drafter read its backlog), then times a block of steps back to back. At
-    0 steps the block is BACKLOG_STEPS steps: with graphs or compile they hold exactly one backlog
-    read; without (CPU), whose backlog holds EAGER_BACKLOG_STEPS, none, and one backlog read per 128
+    step count can catch the drafter up), then times a block of steps. At 0 steps
+    the block is LAG_STEPS steps: with graphs or compile they hold exactly one catch-up of the
+    drafter; without (CPU), whose backlog holds EAGER_LAG_STEPS, none, and one catch-up per 128
     steps costs no more. A step count keeps its fastest block: other work on the machine only adds
     time (a shared VM can run one step count 40-70% slow in a single block). Leaves every row
     empty and the decoder's own speculative setting in force."""
@@ -69,8 +68,8 @@ def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS)
 @torch.inference_mode()
 def cost_slices(dec: BatchDecoder, sizes: Sequence[int], costs: dict, rounds: int = ROUNDS) -> Iterator[None]:
     """measure_costs a slice at a time, filling `costs`: it yields after each prompt prefilled and
-    each timed block (a few steps), so a serving engine thread can run its own steps between
-    slices (engine/tuning.py, with `dec` a decoder of its own); each slice times only its own block."""
+    each step, so a serving engine thread can run its own steps between slices (engine/tuning.py,
+    with `dec` a decoder of its own); a block's time is the sum of its own steps' times."""
     own = dec.spec
     prompt = [i % dec.target.config.vocab_size for i in range(1, min(CONTEXT, dec.cache_len // 2) + 1)]
     filled = 0
@@ -84,15 +83,15 @@ def cost_slices(dec: BatchDecoder, sizes: Sequence[int], costs: dict, rounds: in
         for _ in range(rounds):
             for steps in range(len(best)):
                 dec.set_steps_table(((dec.max_batch, steps),))
-                n = BACKLOG_STEPS if steps == 0 else BLOCK
+                n = LAG_STEPS if steps == 0 else BLOCK
+                took = 0.0
                 for i in range(1 + n):
-                    if i == 1:
-                        t0 = time.perf_counter()
                     dec.lens[:rows] = start
+                    t0 = time.perf_counter()
                     dec.collect(dec.launch(rows))
-                best[steps] = min(best[steps], (time.perf_counter() - t0) * 1000 / n)
-                dec.spec = own
-                yield
+                    took += (time.perf_counter() - t0) if i else 0.0
+                    yield
+                best[steps] = min(best[steps], took * 1000 / n)
         costs[rows] = best
     dec.spec = own
     dec.empty_rows()
