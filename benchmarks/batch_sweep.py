@@ -21,7 +21,7 @@ Writes --out (JSON: "best" at concurrency 1, "steps_by_batch", every row) and .m
       --steps 1,2,3,4 --concurrency 1,2,4,8 --out runs/sweep/cpu.json
 
 Without --model, a random pair of a real shape (--shape, shapes.py) decodes random prompts to max_tokens;
---synthetic-accept then sets its acceptance (BatchDecoder.use_synthetic_acceptance): the cycle costs are
+--synthetic-accept then sets its acceptance (benchmarks/synthetic_acceptance.py): the cycle costs are
 real, the accept length chosen, the tokens meaningless (mismatches expected) and the result says SYNTHETIC.
 
   python -m benchmarks sweep --shape 8b --steps 3 --concurrency 1 --synthetic-accept 0.9,0.86,0.8 \\
@@ -49,12 +49,13 @@ import torch
 from benchmarks.engine_load import add_pair_args, engine_args, load_pair, run_load
 from benchmarks.report import by_concurrency, md_table, provenance, pyplot, save_figure, write_result
 from benchmarks.shapes import TARGETS
+from benchmarks.synthetic_acceptance import SyntheticAcceptance
 from engine.config import SpecConfig
 from engine.loading import build_engine, pick_device
 from models.layers import Attention, own_cache_copy
 from models.model_source import resolve_model_path
 
-ZERO = "0 steps"  # the speculative engine drafting nothing (engine/greedy_cycle.py deferred_greedy)
+ZERO = "0 steps"  # the speculative engine drafting nothing (engine/spec_worker.py backlog_step)
 
 
 def build(args, loaded, spec):
@@ -67,7 +68,7 @@ def build(args, loaded, spec):
                                       else batch, compile_cache=args.compile_cache), loaded)
     engine.start_blocking()
     if spec and args.synthetic_accept:
-        engine.decoder.use_synthetic_acceptance(args.synthetic_accept)
+        engine.decoder.set_acceptance(SyntheticAcceptance(args.synthetic_accept, spec, batch, engine.decoder.device))
     return engine
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import statistics
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class LoadResult:
     max_gap_s: float                # longest wait between two deltas of one request
     ttft_s: float                   # median time from a request's start (its turn under the gate) to its first token
     wait_ms_per_step: float         # the host's wait for each device-side step: ~0 when the GPU waits on the host
-    host_ms_per_step: dict[str, float]  # the engine thread's time by phase, the wait apart (NativeEngine.host_s)
+    host_ms_per_step: dict[str, float]  # the engine thread's time by phase, the wait apart (engine_phases)
     replies: list[GenerationOutput]  # per prompt, in prompt order, its deltas joined
 
     @property
@@ -76,8 +77,8 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
             if len(replies[i].token_ids) > at_first and last > first:
                 spans.append((len(replies[i].token_ids) - at_first, last - first))
 
-    dec = engine.decoder
-    collected, waited, host = dec.collected, dec.collect_wait_s, engine.host_s.copy()
+    dec, phase_s = engine.decoder, engine_phases(engine)
+    host = phase_s.copy()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
@@ -85,9 +86,9 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
     decoded = sum(len(r.token_ids) - 1 for r in replies)
     # Without speculation every token after the first is one step.
     steps = sum(r.spec.verify_steps for r in replies) if dec.spec else decoded
-    per_step = 1e3 / max(dec.collected - collected, 1)
-    wait = (dec.collect_wait_s - waited) * per_step
-    phases = {k: (engine.host_s[k] - host[k]) * per_step for k in ("admit", "step", "apply", "flush")}
+    per_step = 1e3 / max(phase_s["collected"] - host["collected"], 1)
+    wait = (phase_s["wait"] - host["wait"]) * per_step
+    phases = {k: (phase_s[k] - host[k]) * per_step for k in ("admit", "step", "apply", "flush")}
     decode_s = sum(s for _, s in spans)
     return LoadResult(concurrency, wall, total, total / wall,
                       statistics.median(n / s for n, s in spans) if spans else 0.0,
@@ -95,6 +96,37 @@ async def _serve(engine: NativeEngine, prompts: list[list[int]], concurrency: in
                       total / steps if dec.spec and steps else 1.0,   # the engine's SpecStats.accept_length
                       decoded / steps if steps else 0.0, max(gaps), statistics.median(ttfts) if ttfts else 0.0,
                       wait, phases, replies)
+
+
+def engine_phases(engine: NativeEngine) -> collections.Counter:
+    """The engine thread's seconds by phase (admit, step, apply, flush: each less the calls inside
+    it), its wait for device-side steps (wait) and the steps collected (collected), counted by
+    wrapping those methods of this engine and its decoder (once; the engine keeps no timers)."""
+    if (seconds := getattr(engine, "phase_seconds", None)) is not None:
+        return seconds
+    seconds, inside = collections.Counter(), []
+
+    def timed(owner, name: str, phase: str) -> None:
+        call = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            inside.append(0.0)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                took, nested = time.perf_counter() - t0, inside.pop()
+                seconds[phase] += took - nested
+                seconds["collected"] += phase == "wait"
+                if inside:
+                    inside[-1] += took
+        setattr(owner, name, wrapper)
+
+    for name in ("admit", "step", "apply", "flush"):
+        timed(engine, f"_{name}", name)
+    timed(engine.decoder, "collect", "wait")
+    engine.phase_seconds = seconds
+    return seconds
 
 
 def run_load(engine: NativeEngine, prompts: list[list[int]], concurrency: int, max_tokens: int,
@@ -122,7 +154,7 @@ def add_pair_args(ap: argparse.ArgumentParser, shapes: list[str]) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto", help="auto: bfloat16 on GPU, float32 on CPU")
     ap.add_argument("--prefill-graphs", action="store_true", help="prefill each short prompt as a captured CUDA "
-                    "graph (engine/decoder.py PREFILL_GRAPH_TOKENS), compiled with the steps")
+                    "graph (engine/prefill.py PREFILL_GRAPH_TOKENS), compiled with the steps")
     ap.add_argument("--no-compile-prefill", dest="compile_prefill", action="store_false",
                     help="with --prefill-graphs: capture the prefills uncompiled (a faster start)")
 

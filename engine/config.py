@@ -92,7 +92,7 @@ class SpecConfig:
     draft_tokens: StrictInt = Field(0, description="draft tokens verified per step (0: steps + 1, a chain's)")
     # Chains only: a step of B rows drafts the steps of the first entry with B <= its size (the
     # last entry beyond). 0 drafts nothing: the target verifies just the pending token and the
-    # drafter catches up over such steps when drafting resumes (engine/greedy_cycle.py, greedy
+    # drafter reads its backlog of such steps when drafting resumes (engine/spec_worker.py, greedy
     # rows; sampled rows extend it every step). Speculation pays less as the batch grows
     # (more rows share each forward's weight reads).
     steps_by_batch: Annotated[StepsTable, BeforeValidator(parse_steps_table)] = Field(

@@ -24,6 +24,8 @@ class DraftTree:
     depth: torch.Tensor      # [B, N]
     ancestors: torch.Tensor  # [B, N, N] bool: node i sees node j (ancestor or itself)
     q: torch.Tensor | None   # [B, N, V] draft distribution each node was sampled from (chain sampling)
+    steps: int               # drafting steps: no node is deeper
+    chain: bool = False      # node i is draft i (parents i - 1)
 
 
 @dataclass
@@ -41,31 +43,32 @@ def chain_draft_step(drafter: Eagle3Drafter, tok: torch.Tensor, hidden: torch.Te
     b, dev = tok.shape[0], tok.device
     inputs = block_inputs(base_len, torch.ones(b, 1, j, dtype=torch.bool, device=dev),
                           torch.full((b, 1), j - 1, device=dev), span, query_offset=j - 1)
-    out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs, logits_at=None)  # engine/greedy_cycle.py: why
+    out = drafter(tok.unsqueeze(1), hidden.unsqueeze(1), inputs, logits_at=None)  # engine/spec_worker.py: why
     return out.logits[:, 0], out.hidden[:, 0]
 
 
 def draft_chain(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, base_len: torch.Tensor,
-                steps: int, sampling: BatchSampling, span: int,
+                steps: int, sampling: BatchSampling | None, span: int,
                 allowed: Callable[[list[torch.Tensor]], torch.Tensor | None] | None = None) -> DraftTree:
-    """`steps` drafts per row, each sampled (or argmax for greedy rows) from the drafter.
-    `allowed(drafts so far)`: the draft-vocabulary tokens [B, Vd] each row may draft next (a
-    grammar's mask); q is the masked distribution, so rejection sampling stays exact."""
+    """`steps` drafts per row, each sampled (or argmax for greedy rows; every row with sampling
+    None) from the drafter. `allowed(drafts so far)`: the draft-vocabulary tokens [B, Vd] each row
+    may draft next (a grammar's mask); q is the masked distribution, so rejection sampling stays exact."""
     b, dev = root.shape[0], root.device
     logits, hidden = state.logits, state.hidden
     tokens, qs = [root], []
-    want_q = not sampling.all_greedy
+    want_q = sampling is not None and not sampling.all_greedy
     vocab = drafter.config.vocab_size
     for j in range(1, steps + 1):
         mask = allowed(tokens[1:]) if allowed is not None else None
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
-        q = probs_from_logits(logits.unsqueeze(1), sampling)[:, 0]        # [B, Vd]
-        draft = _pick(q, sampling)
-        tok = drafter.draft_to_target(draft)
-        tokens.append(tok)
         if want_q:
+            q = probs_from_logits(logits.unsqueeze(1), sampling)[:, 0]    # [B, Vd]
+            tok = drafter.draft_to_target(_pick(q, sampling))
             qs.append(_to_target_vocab(drafter, q, vocab))
+        else:   # the argmax, as the one-hot q of a greedy row would pick
+            tok = drafter.draft_to_target(logits.argmax(-1))
+        tokens.append(tok)
         if j < steps:
             logits, hidden = chain_draft_step(drafter, tok, hidden, base_len, j, span)
     n = steps + 1
@@ -78,7 +81,7 @@ def draft_chain(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, b
         parents=(idx - 1).expand(b, n),
         depth=idx.expand(b, n),
         ancestors=torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(b, n, n),
-        q=q,
+        q=q, steps=steps, chain=True,
     )
 
 
@@ -89,8 +92,6 @@ def _to_target_vocab(drafter: Eagle3Drafter, q: torch.Tensor, vocab: int) -> tor
 
 def _pick(q: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
     """Sample one draft id per row from q [B, Vd]; one-hot rows (greedy) give their argmax."""
-    if sampling.all_greedy:
-        return q.argmax(-1)
     picks = [int(row.argmax()) if float(row.max()) >= 1.0 else
              int(torch.multinomial(row, 1, generator=g)) for row, g in zip(q, sampling.generators)]
     return torch.tensor(picks, device=q.device)
@@ -127,7 +128,7 @@ def draft_tree(drafter: Eagle3Drafter, state: DraftState, root: torch.Tensor, ba
         tok = torch.gather(torch.cat(cand_tok, 1), 1, frontier_cand)
         inputs = block_inputs(base_len, frontier_anc, torch.full((b, k), j - 2, device=dev), span,
                               query_offset=(j - 2) * k)
-        out = drafter(tok, frontier_hidden, inputs, logits_at=None)  # engine/greedy_cycle.py: why
+        out = drafter(tok, frontier_hidden, inputs, logits_at=None)  # engine/spec_worker.py: why
         child_logp = out.logits.float().log_softmax(-1)                   # [B, K, Vd]
         top_logp, top_ids = vocab_topk(child_logp, k)                     # [B, K, K]
         frontier_score = torch.gather(torch.cat(cand_score, 1), 1, frontier_cand)
@@ -169,4 +170,4 @@ def _select_tree(root, cand_tok, cand_score, cand_parent, draft_tokens: int, ste
         anc = anc | (up.unsqueeze(-1) == node)
         up = torch.where(up >= 0, parents.gather(1, up.clamp_min(0)), -1)
     depth = anc.sum(-1) - 1
-    return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=anc, q=None)
+    return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestors=anc, q=None, steps=steps, chain=False)

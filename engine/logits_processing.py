@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from engine.api import SamplingParams
+from engine.api import SamplingParams, TokenLogprob
 from engine.grammar import Grammars, allowed
 
 log = logging.getLogger("specserve.engine")
@@ -119,3 +119,50 @@ class LogitsProcessor:
         if walked:
             m.rollback(len(walked))
         return mask
+
+
+def process_rows(logits: torch.Tensor, processors: list | None, paths) -> torch.Tensor:
+    """logits [B, N, V] -> each row's processed logits; paths[b][i]: the drafts on node i's path."""
+    if processors is None:
+        return logits
+    return torch.stack([logits[b].float() if proc is None else proc.apply(logits[b], paths[b])
+                        for b, proc in enumerate(processors)])
+
+
+def draft_masks(drafter, processors: list | None):
+    """`allowed` for engine/draft_tree.draft_chain: each grammar row's mask over the draft
+    vocabulary after the drafts so far (None: no row has a grammar)."""
+    if processors is None or all(p is None or p.matcher is None for p in processors):
+        return None
+    device = drafter.fc.weight.device
+    ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size, device=device))
+    free = torch.ones(ids.shape[0], dtype=torch.bool, device=device)
+
+    def mask_after(drafts: list[torch.Tensor]) -> torch.Tensor:
+        paths = torch.stack(drafts, 1).tolist() if drafts else [[] for _ in processors]
+        rows = [free if p is None or p.matcher is None else p.draft_mask(path)[ids]
+                for p, path in zip(processors, paths)]
+        mask = torch.stack(rows)
+        mask[~mask.any(-1)] = True  # the grammar allows nothing in the draft vocabulary: draft freely
+        return mask
+    return mask_after
+
+
+def token_logprobs(logits: torch.Tensor, ks: list[int | None] | None,
+                   picks: list[list[tuple[int, int]]]) -> list[list[TokenLogprob] | None]:
+    """picks[b]: (node, token) of each token row b emitted; the raw target logits [B, N, V] at
+    that node give its logprob and the top ks[b]."""
+    if ks is None:
+        return [None] * len(picks)
+    want = [(b, node, tok) for b, k in enumerate(ks) if k is not None for node, tok in picks[b]]
+    b_idx, n_idx, t_idx = (torch.tensor(c, device=logits.device) for c in zip(*want))
+    lp = logits[b_idx, n_idx].float().log_softmax(-1)
+    chosen = lp.gather(1, t_idx.unsqueeze(1))[:, 0].tolist()
+    kmax = max(k for k in ks if k is not None)
+    top_v, top_i = lp.topk(kmax, dim=-1) if kmax else (lp[:, :0], lp[:, :0].long())
+    top_v, top_i = top_v.tolist(), top_i.tolist()
+    out: list[list[TokenLogprob] | None] = [None if k is None else [] for k in ks]
+    for j, (b, _, _) in enumerate(want):
+        k = ks[b]
+        out[b].append(TokenLogprob(chosen[j], tuple(zip(top_i[j][:k], top_v[j][:k]))))
+    return out

@@ -110,12 +110,6 @@ class NativeEngine:
         self._active: list[_Request] = []
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
-        # The engine thread's seconds by phase, each less the waits for device-side steps that the
-        # decoder counts in collect_wait_s (admit: everything before a step, prefills included;
-        # step: launching device-side steps and collecting one; apply: its tokens into the
-        # requests; flush; host-side steps are not counted): where a host-bound loop goes
-        # (benchmarks/engine_load.py, per step).
-        self.host_s: collections.Counter[str] = collections.Counter()
         self._aborted: set[str] = set()
         self._n_waiting = 0
         self._lock = threading.Lock()
@@ -147,16 +141,6 @@ class NativeEngine:
         if self.compiles is not None:
             return self.compiles.status.as_dict()
         return {"tuning": self.tuning.status()} if self.tuning is not None else None
-
-    def wait_idle(self, timeout: float = 60.0) -> None:
-        """Block until the engine thread holds no request and no step in flight: a request's last
-        delta reaches its client before the thread collects a step launched ahead. For tools
-        that change the decoder between runs (a sweep's steps table); the server never calls it."""
-        end = time.monotonic() + timeout
-        while self._active or self._n_waiting or self._next is not None or self.decoder._in_flight:
-            if time.monotonic() > end:
-                raise TimeoutError(f"the engine is still busy after {timeout:.0f} s")
-            time.sleep(0.002)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.start_blocking)
@@ -303,19 +287,15 @@ class NativeEngine:
             while not self._stop.is_set():
                 measuring = self.tuning is not None and not self.tuning.done
                 self._drain_inbox(block=not self._active and not self._waiting and not measuring)
-                t0, waited = time.perf_counter(), self.decoder.collect_wait_s
                 if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
                 self._check_grammars()
                 self._admit()
                 self._flush()  # first tokens go out now, not after the step below
-                self.host_s["admit"] += time.perf_counter() - t0 - (self.decoder.collect_wait_s - waited)
                 if self._active:
                     self._step()
-                t0 = time.perf_counter()
                 self._flush()
-                self.host_s["flush"] += time.perf_counter() - t0
                 if measuring and self._next is None:   # between two steps (engine/tuning.py)
                     self.tuning.between_steps(busy=bool(self._active or self._waiting))
         except Exception as e:  # the engine is dead: fail everything fast, never hang
@@ -466,18 +446,13 @@ class NativeEngine:
         if not dec.device_side(self._batch_sampling):
             self._apply(dec.step(rows, self._batch_sampling))
             return
-        t0, waited = time.perf_counter(), dec.collect_wait_s
         current, self._next = self._next or dec.launch(rows), None
         # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
         # streams the current one. Only when nothing will change the batch meanwhile.
         if (dec.overlap and self._inbox.empty() and not self._will_admit() and not self._aborted
                 and dec.room_to_launch(rows)):
             self._next = dec.launch(rows)
-        results = dec.collect(current)
-        t1, waited1 = time.perf_counter(), dec.collect_wait_s
-        self._apply(results)  # may collect the step in flight (a request ended)
-        self.host_s["step"] += t1 - t0 - (waited1 - waited)
-        self.host_s["apply"] += time.perf_counter() - t1 - (dec.collect_wait_s - waited1)
+        self._apply(dec.collect(current))  # may collect the step in flight (a request ended)
 
     def _finish_next(self) -> None:
         step, self._next = self._next, None

@@ -13,7 +13,7 @@ MIN_GAIN more than fewer):
 
 accept_rates[i] is the share of verifies whose first i+1 drafts are accepted, measured for the
 drafter (SpecConfig.accept_rates). cost(b, 0) is the speculative engine's step at 0 drafts: the
-target alone, the drafter catching up when its backlog is full. Costs are taken as the
+target alone, the drafter reading its backlog when it is full. Costs are taken as the
 loop pays them (device-side greedy steps, the host's read included). They are taken at a fixed
 context of CONTEXT tokens, the rows rewound after each step, and kept per machine
 (models/kept_measurements.py). Greedy outputs do not depend on the table (tests/test_lossless.py).
@@ -27,7 +27,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from engine.decoder import LAG_STEPS, BatchDecoder
+from engine.decode_state import BACKLOG_STEPS
+from engine.decoder import BatchDecoder
 from engine.sampling import BatchSampling
 from engine.saved_compile import code_fingerprint
 from models.kept_measurements import kept_entry_if_any, kept_measurement, processor
@@ -35,7 +36,7 @@ from models.layers import own_cache_copy
 
 CONTEXT = 256   # tokens in each row while its steps are timed: a chat prompt and its reply
 ROUNDS = 4      # the step counts take turns this many times; each keeps its fastest round
-BLOCK = 4       # steps timed per round at 1 or more drafts (LAG_STEPS at 0)
+BLOCK = 4       # steps timed per round at 1 or more drafts (BACKLOG_STEPS at 0)
 # More drafts must predict this much more speed than fewer. The prediction leaves out admission
 # and a batch's tail, and measured ratios come out below it (1.59x for a predicted 1.74x at one
 # request on CPU; at 8 rows a predicted 1.05x over 0 steps ran at 0.85-0.89x plain decoding over
@@ -53,9 +54,9 @@ def measure_costs(dec: BatchDecoder, sizes: Sequence[int], rounds: int = ROUNDS)
     """ms per engine step at each batch size and each step count 0..spec.steps.
 
     The step counts take turns, `rounds` times. Each turn runs one untimed step (a change of
-    step count can catch the drafter up), then times a block of steps. At 0 steps
-    the block is LAG_STEPS steps: with graphs or compile they hold exactly one catch-up of the
-    drafter; without (CPU), whose backlog holds EAGER_LAG_STEPS, none, and one catch-up per 128
+    step count can make the drafter read its backlog), then times a block of steps. At
+    0 steps the block is BACKLOG_STEPS steps: with graphs or compile they hold exactly one backlog
+    read; without (CPU), whose backlog holds EAGER_BACKLOG_STEPS, none, and one backlog read per 128
     steps costs no more. A step count keeps its fastest block: other work on the machine only adds
     time (a shared VM can run one step count 40-70% slow in a single block). Leaves every row
     empty and the decoder's own speculative setting in force."""
@@ -83,7 +84,7 @@ def cost_slices(dec: BatchDecoder, sizes: Sequence[int], costs: dict, rounds: in
         for _ in range(rounds):
             for steps in range(len(best)):
                 dec.set_steps_table(((dec.max_batch, steps),))
-                n = LAG_STEPS if steps == 0 else BLOCK
+                n = BACKLOG_STEPS if steps == 0 else BLOCK
                 took = 0.0
                 for i in range(1 + n):
                     dec.lens[:rows] = start

@@ -1,7 +1,7 @@
 """Fixes for torch bugs the engine meets, applied only to the torch versions that have them.
 
 Warm starts tune their kernels again (torch < 2.12: pytorch/pytorch#172819, fixed by pytorch/pytorch#173391).
-Coordinate-descent tuning (decoder.COMPILE_OPTIONS) saves each kernel's best launch config in
+Coordinate-descent tuning (model_runner.COMPILE_OPTIONS) saves each kernel's best launch config in
 inductor's cache. The kernels of a loaded saved step (engine/saved_compile.py) are checked against
 it in `CachingAutotuner.recheck_autotune_cache`. Before 2.12 that check skips a kernel with a single
 config, and it does not carry the "found by coordinate descent" mark over, so such kernels were tuned

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -18,9 +17,6 @@ import torch.nn.functional as F
 
 from models.cpu_forms import CpuForms, few_rows_cpu, onednn_linear
 from models.q4_linear import Q4Linear
-
-# GPU greedy speculation that repeats plain decoding's tokens in bfloat16 (set_consistent_kernels).
-CONSISTENT_KERNELS_ENV = "SPECSERVE_CONSISTENT_KERNELS"
 
 
 class RMSNorm(nn.Module):
@@ -129,14 +125,14 @@ class Linear(nn.Linear):
     At batch 1 a decode step is weight reads: cuBLAS cuts a narrow matrix (q/k/v, o_proj,
     down_proj of an 8B layer) into fewer tiles than the GPU has SMs and reads it below copy
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
-    blocks, faster once tuned (engine.decoder.COMPILE_OPTIONS; measured in
+    blocks, faster once tuned (engine.model_runner.COMPILE_OPTIONS; measured in
     benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
     multi-token calls use F.linear, except float32 CPU calls: eager ones take the form measured
     fastest on this processor for their row count, compiled ones oneDNN where F.linear lost at
     every count (models/cpu_forms.py; the engine sets the choice at load).
     """
-    # Class-wide switches, so benchmarks can time both side by side; off with consistent kernels.
-    gemv_as_reduction = os.environ.get(CONSISTENT_KERNELS_ENV, "0") != "1"
+    # Class-wide switches, so benchmarks can time both side by side.
+    gemv_as_reduction = True
     cpu_forms = CpuForms()    # F.linear at every row count until the engine measures this CPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,18 +250,6 @@ class Attention(nn.Module):
         t = q.shape[2]   # symbolic (not an int) in a compiled prefill of dynamic width: that keeps SDPA
         return (q.is_cuda and torch.compiler.is_compiling() and type(t) is int
                 and t <= self.WRITTEN_OUT_MAX_QUERIES)
-
-
-def set_consistent_kernels(on: bool) -> None:
-    """One-token steps take the products verify steps take: every product through F.linear (cuBLAS)
-    instead of inductor's GEMV reductions for one row, attention through SDPA. Set before compiling;
-    the engine process reads SPECSERVE_CONSISTENT_KERNELS=1 at import. On an H100 in bfloat16 it did
-    not make greedy speculation repeat plain decoding (9 of 40 chat prompts identical at one request,
-    7 without it; eager steps 8), so the steps part elsewhere; it cost no speed there
-    (benchmarks/results/2026-12-h100-bf16-identity/)."""
-    Linear.gemv_as_reduction = not on
-    if on:
-        Attention.form = "sdpa"
 
 
 def traced_switches() -> dict:

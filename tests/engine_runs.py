@@ -17,8 +17,8 @@ def decode(target, drafter, spec, prompts: list[list[int]], n: int = 40, fast: b
            batched_prefill: bool = False, prefill_graphs: bool = False):
     """Greedy-decode all prompts in one batch; returns (outputs, accepted-per-step lists).
 
-    fast: the device-side greedy step (engine/greedy_cycle.py); else the general path that
-    also serves sampling and trees. batched_prefill: all prompts in one (padded) prefill.
+    fast: the device-side greedy step (engine/spec_worker.py); else the host step that
+    also serves sampling. batched_prefill: all prompts in one (padded) prefill.
     prefill_graphs: each prompt padded to its graph width (on CPU nothing is captured).
     """
     dec = BatchDecoder(target, drafter, spec, max_batch=len(prompts), max_context=512, fast_greedy=fast,

@@ -134,16 +134,16 @@ def test_steps_table_on_graphs_equals_eager(compile):
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])
-def test_deferred_drafter_on_graphs_equals_eager(compile):
-    """At 0 draft steps the captured (or compiled) step defers the drafter and catches it up when
-    drafting resumes (tests/deferral_schedule.py): same draft state, acceptance and tokens as the
-    eager general path, which extends the drafter every step."""
-    from tests.deferral_schedule import run_deferral_schedule
+def test_drafter_backlog_on_graphs_equals_eager(compile):
+    """At 0 draft steps the captured (or compiled) step leaves the drafter a backlog it reads when
+    drafting resumes (tests/backlog_schedule.py): same draft state, acceptance and tokens as the
+    eager host step, which extends the drafter every step."""
+    from tests.backlog_schedule import run_backlog_schedule
     t, d = build(torch.float32)
     spec = SpecConfig(3, steps_by_batch=((1, 3), (2, 0), (3, 0)))
-    fast = run_deferral_schedule(BatchDecoder(t, d, spec, 4, 512, compile=compile), PROMPTS)
-    eager = run_deferral_schedule(BatchDecoder(t, d, spec, 4, 512, fast_greedy=False), PROMPTS)
-    assert fast["lags"] == [[8, 8, 8], [10, 10]]
+    fast = run_backlog_schedule(BatchDecoder(t, d, spec, 4, 512, compile=compile), PROMPTS)
+    eager = run_backlog_schedule(BatchDecoder(t, d, spec, 4, 512, fast_greedy=False), PROMPTS)
+    assert fast["backlogs"] == [[8, 8, 8], [10, 10]]
     for a, b in zip(fast["state"], eager["state"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert fast["accepted"] == eager["accepted"] and fast["outs"] == eager["outs"]

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from engine.api import SamplingParams
-from engine.decoder import LAG_STEPS, PREFILL_GRAPH_GROUP, BatchDecoder, SpecConfig
+from engine.decode_state import BACKLOG_STEPS
+from engine.decoder import BatchDecoder, SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
+from engine.prefill import PREFILL_GRAPH_GROUP, Prefill
 from engine.sampling import BatchSampling
 from models.cpu_forms import CpuForms, onednn_available
 from models.layers import Attention, Linear
@@ -123,7 +125,7 @@ def test_compile_prefill_off_compiles_no_prefill(models):
     firsts = [dec.prefill(0, prompt, greedy()) for dec in engines]
     assert counters["stats"]["unique_graphs"] == before
     assert firsts[0] == firsts[1]
-    assert torch.equal(engines[0].draft_logits, engines[1].draft_logits)
+    assert torch.equal(engines[0].state.draft_logits, engines[1].state.draft_logits)
 
 
 @pytest.mark.parametrize("steps,forms", [(0, ()), (3, ()), (0, ONEDNN_EVERYWHERE)],
@@ -195,15 +197,15 @@ def test_device_side_steps_trace_as_one_graph(models):
     accept, extend) and a whole tree cycle as one graph: no graph breaks, so nothing in them falls back to eager."""
     import torch._dynamo as dynamo
 
-    from engine.greedy_cycle import chain_greedy, deferred_greedy, plain_greedy, tree_greedy
-    for spec, fns in ((SpecConfig(steps=3), (plain_greedy, chain_greedy, deferred_greedy)),
-                      (SpecConfig(3, 4, 8), (tree_greedy,))):
+    from engine.spec_worker import SpecWorker
+    for spec, fns in ((SpecConfig(steps=3), (SpecWorker.plain_step, SpecWorker.spec_step, SpecWorker.backlog_step)),
+                      (SpecConfig(3, 4, 8), (SpecWorker.spec_step,))):
         dec = BatchDecoder(models["target"], models["drafters"]["fitted"], spec, max_batch=1,
                            max_context=512, cuda_graphs=False)
         dec.prefill(0, models["prompts"][1], greedy())
         with torch.inference_mode():
             for fn in fns:
-                e = dynamo.explain(fn)(dec, 1, dec.cache_len, 3)
+                e = dynamo.explain(fn)(dec.worker, 1, dec.cache_len, 3)
                 assert (e.graph_count, e.graph_break_count) == (1, 0), (fn.__name__, e.break_reasons)
 
 
@@ -297,7 +299,7 @@ def test_large_group_prefill_stays_one_forward(models, monkeypatch):
 
     def replayed(*_):
         raise AssertionError("a large group replayed the captured prefill")
-    monkeypatch.setattr(BatchDecoder, "_prefill_graphed", replayed)
+    monkeypatch.setattr(Prefill, "_graphed", replayed)
     out, _ = decode(models["target"], None, None, prompts, batched_prefill=True, prefill_graphs=True)
     assert out == models["baseline"] * 3
 
@@ -548,23 +550,24 @@ def test_steps_by_batch_size_is_lossless(models, fast):
         assert n > 10 and out[:n] == expected[:n]
 
 
-@pytest.mark.parametrize("lag_steps, lags", [(LAG_STEPS, [[8, 8, 8], [10, 10]]), (None, [[24, 24, 19], [21, 26]])])
-def test_deferred_drafter_catches_up_to_extending_every_step(models, lag_steps, lags):
-    """At 0 draft steps the device-side step leaves the drafter behind and catches it up in one
-    forward (when drafting resumes, or when the backlog is full); the general step extends it every
+@pytest.mark.parametrize("backlog_steps, backlogs",
+                         [(BACKLOG_STEPS, [[8, 8, 8], [10, 10]]), (None, [[24, 24, 19], [21, 26]])])
+def test_drafter_backlog_equals_extending_every_step(models, backlog_steps, backlogs):
+    """At 0 draft steps the device-side step leaves the drafter a backlog it reads in one
+    forward (when drafting resumes, or when the backlog is full); the host step extends it every
     step. Rows joining at different times (backlogs of different lengths), more 0-step steps
-    than a backlog of LAG_STEPS holds (graphs and compiled steps) or fewer than the CPU's default
-    holds (the catch-up as wide as the longest backlog), and a moved row: both leave the same draft
+    than a backlog of BACKLOG_STEPS holds (graphs and compiled steps) or fewer than the CPU's default
+    holds (the read as wide as the longest backlog), and a moved row: both leave the same draft
     state, so drafting resumes with the same drafts, the same acceptance and the solo greedy outputs."""
-    from tests.deferral_schedule import run_deferral_schedule
+    from tests.backlog_schedule import run_backlog_schedule
     spec = SpecConfig(3, steps_by_batch=((1, 3), (2, 0), (3, 0)))
-    runs = {fast: run_deferral_schedule(BatchDecoder(models["target"], models["drafters"]["fitted"], spec,
-                                                     max_batch=3, max_context=512, fast_greedy=fast,
-                                                     lag_steps=lag_steps),
-                                        models["prompts"])
+    runs = {fast: run_backlog_schedule(BatchDecoder(models["target"], models["drafters"]["fitted"], spec,
+                                                    max_batch=3, max_context=512, fast_greedy=fast,
+                                                    backlog_steps=backlog_steps),
+                                       models["prompts"])
             for fast in (True, False)}
     fast, general = runs[True], runs[False]
-    assert fast["lags"] == lags
+    assert fast["backlogs"] == backlogs
     for a, b in zip(fast["state"], general["state"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert fast["accepted"] == general["accepted"] and max(map(max, fast["accepted"][-3:])) > 0
@@ -572,3 +575,21 @@ def test_deferred_drafter_catches_up_to_extending_every_step(models, lag_steps, 
         n = min(len(out), len(expected))
         assert n > 10 and out[:n] == expected[:n]
     assert fast["outs"] == general["outs"]
+
+
+def test_sampled_and_logprobs_rows_step_through_the_device_cycle(models):
+    """A greedy batch (device-side), a sampled row and a logprobs row (host steps) each step
+    through the one SpecWorker.cycle (draft, verify, accept, compact, extend): only the acceptance
+    differs, GreedyAcceptance against the RejectionSampler."""
+    from engine.acceptance import GreedyAcceptance, RejectionSampler
+    dec = BatchDecoder(models["target"], models["drafters"]["fitted"], SpecConfig(steps=3), max_batch=1,
+                       max_context=512)
+    seen, cycle = [], dec.worker.cycle
+    dec.worker.cycle = lambda rows, span, steps, acceptance, sampling: (
+        seen.append(type(acceptance)) or cycle(rows, span, steps, acceptance, sampling))
+    sampled = dataclasses.replace(greedy(), temperature=torch.ones(1), greedy=False,
+                                  generators=[torch.Generator().manual_seed(0)])
+    for sampling in (greedy(), sampled, dataclasses.replace(greedy(), logprobs=[2])):
+        dec.prefill(0, models["prompts"][1], sampling)
+        assert len(dec.step(1, sampling)[0].tokens) >= 1
+    assert seen == [GreedyAcceptance, RejectionSampler, RejectionSampler]
