@@ -61,9 +61,9 @@ class Tuning:
         self.started = time.perf_counter()
         self._slices = self._measure()
         self._no_slice_before = 0.0
-        log.info("serving before measuring %s: eager steps with F.linear's products%s meanwhile",
-                 " and ".join(self.pending), ", steps per batch size %s" % dict(decoder.spec.steps_by_batch)
-                 if costs else "")
+        meanwhile = (["F.linear's products"] if forms else []) + \
+            ([f"steps per batch size {dict(decoder.spec.steps_by_batch)}"] if costs else [])
+        log.info("serving before measuring %s: %s meanwhile", " and ".join(self.pending), ", ".join(meanwhile))
 
     @property
     def done(self) -> bool:
