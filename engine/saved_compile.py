@@ -5,8 +5,8 @@ code generation, but not dynamo's tracing or AOT autograd: on an H200 a warm sta
 pair still spent 18 s tracing and 24 s in the backend.
 
 `torch.compile(...).aot_compile` packages one traced and compiled step into an artifact: its guards,
-its graph and inductor's code. A later process loads it and calls it on its own decoder. Weights and
-caches are read from that argument, not baked in.
+its graph and inductor's code. A later process loads it and calls it on its own worker
+(engine/spec_worker.py). Weights and caches are read from that argument, not baked in.
 
 A loaded step still checks its guards on every call (shapes, the step count, the batch range). A call
 that no saved step accepts gets a compile of its own, saved beside the others. The compiled prefills
@@ -86,11 +86,11 @@ def rejection(step, args: tuple) -> str:
 
 
 class SavedCompile:
-    """A function whose first argument is the decoder, compiled ahead of time once for every call
-    that no earlier compile's guards accept. Each compile is saved in `folder` and loaded there by
-    the next process. `marks` are (argument, dim) sizes made symbolic in the compile (on the
-    example only: see `marked`). If a function cannot be compiled whole (aot_compile needs one graph), it falls
-    back to a lazy torch.compile, with a warning."""
+    """A function whose first argument holds the models and state (the speculative worker, the
+    prefill), compiled ahead of time once for every call that no earlier compile's guards accept.
+    Each compile is saved in `folder` and loaded there by the next process. `marks` are (argument,
+    dim) sizes made symbolic in the compile (on the example only: see `marked`). If a function cannot
+    be compiled whole (aot_compile needs one graph), it falls back to a lazy torch.compile, with a warning."""
 
     def __init__(self, fn: Callable, folder: str | Path, name: str, dynamic: bool, options: dict,
                  marks: tuple[tuple[int, int], ...] = ()):
