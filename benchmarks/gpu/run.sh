@@ -15,7 +15,7 @@
 #                                        #   requests, and the sweep at 1 8 32 (eager: chat only) into $W/sweep2
 #
 # Servers (ports): native plain 8101 and chain 4 8102 as gpu-native serves them (compiled, --max-batch 32,
-# --compile-max-batch 32, --max-context 2048), the same with SPECSERVE_CONSISTENT_KERNELS=1 on 8103 / 8104;
+# --compile-max-batch 32, --max-context 2048, --no-deterministic: the setting the side-by-side record measured);
 # our server on vLLM (profile gpu-vllm): plain 8201, EAGLE-3 8202.
 # Pipeline: (a) vLLM's offline API, greedy, 40 held-out chat prompts one at a time, plain and EAGLE-3;
 # (b) the same through our server on vLLM with the openai client; then, once the native servers are ready,
@@ -63,12 +63,13 @@ health() {  # port, seconds: wait until /health answers 200
     done
 }
 
-native_server() {  # name port consistent(0|1) [flags...]
-    local name=$1 port=$2 consistent=$3; shift 3
-    (export PYTHONPATH="$PWD:$BASE" SPECSERVE_CACHE_DIR=$W/cache_$name SPECSERVE_CONSISTENT_KERNELS=$consistent
+native_server() {  # name port [flags...]
+    local name=$1 port=$2; shift 2
+    (export PYTHONPATH="$PWD:$BASE" SPECSERVE_CACHE_DIR=$W/cache_$name
      setsid nohup python3 -m launch.cli --profile gpu-native --model $TARGET --draft $DRAFT --port "$port" \
-        --max-batch 32 --compile-max-batch 32 --max-context 2048 "$@" > "$W/logs/server_$name.log" 2>&1 &)
-    log "native $name: port $port, SPECSERVE_CONSISTENT_KERNELS=$consistent $*"
+        --max-batch 32 --compile-max-batch 32 --max-context 2048 --no-deterministic "$@" \
+        > "$W/logs/server_$name.log" 2>&1 &)
+    log "native $name: port $port $*"
 }
 
 setup() {
@@ -82,10 +83,8 @@ setup() {
     log "target: $(ls $TARGET | tr '\n' ' ')"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee $W/res/gpu.txt
     python3 -c "import torch; print('torch', torch.__version__)" | tee -a $W/res/gpu.txt
-    native_server plain 8101 0 --no-spec
-    native_server chain 8102 0
-    native_server plain_consistent 8103 1 --no-spec
-    native_server chain_consistent 8104 1
+    native_server plain 8101 --no-spec
+    native_server chain 8102
 }
 
 vllm_server() {  # name port [flags...]
@@ -124,24 +123,20 @@ pipeline() {
     compare offline_eagle texts_vllm_eagle_c1
     compare offline_plain texts_vllm_plain_c1
     log "pipeline: waiting for the native servers"
-    for p in 8101 8102 8103 8104; do health $p 900 || log "native server on $p not ready"; done
+    for p in 8101 8102; do health $p 900 || log "native server on $p not ready"; done
     nvidia-smi > $W/res/nvidia_smi_servers.txt 2>&1
     top -bn1 | head -25 > $W/res/top_idle.txt 2>&1
     log "pipeline: greedy texts at 1 and 8 requests"
     for c in 1 8; do
         texts native_plain_c$c 8101 $c; texts native_chain_c$c 8102 $c
-        texts consistent_plain_c$c 8103 $c; texts consistent_chain_c$c 8104 $c
         [ $c = 8 ] && { texts vllm_eagle_c8 8202 8; texts vllm_plain_c8 8201 8; }
         compare texts_native_plain_c$c texts_native_chain_c$c
-        compare texts_consistent_plain_c$c texts_consistent_chain_c$c
     done
     compare texts_vllm_plain_c8 texts_vllm_eagle_c8
-    compare texts_native_plain_c1 texts_consistent_plain_c1
     compare texts_vllm_plain_c1 texts_native_plain_c1
     log "pipeline: (c) side by side"
     for c in $CONC; do   # one concurrency at a time, every side, so that a cut run keeps whole rows
-        sweep $W/sweep $c "chat humaneval" native_plain:8101 native_chain:8102 vllm_plain:8201 vllm_eagle:8202 \
-            native_chain_consistent:8104
+        sweep $W/sweep $c "chat humaneval" native_plain:8101 native_chain:8102 vllm_plain:8201 vllm_eagle:8202
     done
     python3 -m benchmarks ab side-by-side $W/sweep --out $W/res/side_by_side 2>&1 | tee -a $W/logs/stages.log
     nvidia-smi > $W/res/nvidia_smi_end.txt 2>&1
@@ -180,10 +175,10 @@ sweep() {  # folder concurrencies sets sides(name:port ...)
 extra() {
     # shellcheck disable=SC1091
     source $SITE/env.sh
-    stop_ports 8101 8102 8103 8104 8201
+    stop_ports 8101 8102 8201
     sleep 8
-    native_server eager_plain 8111 0 --no-compile --no-spec
-    native_server eager_chain 8112 0 --no-compile
+    native_server eager_plain 8111 --no-compile --no-spec
+    native_server eager_chain 8112 --no-compile
     vllm_server vllm_eagle3 8203 --steps 3
     vllm_server vllm_eagle5 8205 --steps 5
     health 8111 300; health 8112 300
@@ -207,8 +202,6 @@ claims = {
                     "+ EAGLE-3, bf16, held-out chat and HumanEval, concurrency ${CONC// /,}",
     "texts": "vLLM's greedy texts through its offline API equal our server's on vLLM, and with EAGLE-3 equal "
              "plain decoding, on 40 held-out chat prompts in bf16",
-    "consistent": "native engine, compiled, bf16: greedy texts with speculation against without, at 1 and 8 "
-                  "requests, default kernels and SPECSERVE_CONSISTENT_KERNELS=1",
 }
 for topic, claim in claims.items():
     write_manifest("$W/res/manifest_" + topic, claim, command="bash benchmarks/gpu/run.sh vllm", **common)
