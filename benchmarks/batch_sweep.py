@@ -52,7 +52,8 @@ from benchmarks.shapes import TARGETS
 from benchmarks.synthetic_acceptance import SyntheticAcceptance
 from engine.config import SpecConfig
 from engine.loading import build_engine, pick_device
-from models.layers import Attention, own_cache_copy
+from models.kernel_plan import ATTENTION_FORMS, KernelPlan
+from models.layers import own_cache_copy, set_kernel_plan
 from models.model_source import resolve_model_path
 
 ZERO = "0 steps"  # the speculative engine drafting nothing (engine/spec_worker.py backlog_step)
@@ -129,8 +130,9 @@ def run(args) -> dict:
     project's shared CPU slowed by a third within half an hour) biases no ratio: each is against
     the plain run next to it."""
     steps, cs = sorted(set(args.steps)), args.concurrency
-    Attention.form = args.attention
     loaded, prompts = load_pair(args, SpecConfig(max(steps)), max(args.num_prompts, args.rounds * max(cs)))
+    plan = dataclasses.replace(loaded.target.kernel_plan, attention=args.attention)
+    set_kernel_plan(plan, loaded.target, loaded.drafter)
     progress = Progress(Path(args.out).with_suffix(".partial.json"), args.resume)
     warm_up_s = {}  # seconds each engine or steps table spent compiling and capturing its shapes (this call)
 
@@ -235,9 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile-cache", default="", metavar="DIR",
                     help="with --compile: save the compiled steps here and load them in a later run (a resumed sweep "
                          "does not compile again)")
-    ap.add_argument("--attention", default=Attention.form, choices=Attention.FORMS,
-                    help="the attention form of every step (models.layers.Attention.form), to time them side by "
-                         "side: auto writes it out in compiled CUDA steps, sdpa never, written_out always")
+    ap.add_argument("--attention", default=KernelPlan().attention, choices=ATTENTION_FORMS,
+                    help="the attention form of every step (models.kernel_plan.KernelPlan.attention), to time them "
+                         "side by side: auto writes it out in compiled CUDA steps, sdpa never, written_out always")
     ap.add_argument("--ignore-eos", action="store_true", help="always max_tokens (the random pair always does)")
     ap.add_argument("--min-gain", type=float, default=0.03,
                     help="draft at a concurrency only where a chain beats 0 steps by more than this share")

@@ -17,8 +17,8 @@ thread). The loading thread runs no parallel op: it unpickles the artifact and c
 
 The step costs that choose the steps table and the CPU product forms are measured first, with no
 compile beside them: at load where the tuning cache holds them, else while serving (engine/tuning.py),
-and the worker starts once they are applied. It is given that table, the forms and the traced
-switches, so it compiles exactly the steps this process serves.
+and the worker starts once they are applied. It is given that table and the kernel plan (the forms
+among it), so it compiles exactly the steps this process serves.
 """
 from __future__ import annotations
 
@@ -41,12 +41,11 @@ NICE = 10   # the worker's CPU priority below the server's: serving steps come f
 @dataclass
 class CompileJob:
     """What the worker needs to build the serving process's decoder: its settings (NativeEngineArgs),
-    the steps table in force, the CPU product forms, the traced class switches, and the shapes to
+    the steps table in force, the models' kernel plan (CPU product forms included), and the shapes to
     compile, in order ((padded rows, draft steps, rows), ...); `prefills` with captured prefills."""
     args: object
     steps_by_batch: tuple
-    cpu_forms: object
-    switches: dict
+    plan: object   # models.kernel_plan.KernelPlan
     shapes: list[tuple[int, int, int]]
     prefills: bool = False
 
@@ -90,14 +89,13 @@ class BackgroundCompiles:
 
     def _plan(self) -> None:
         """The shapes to compile and the worker's job, from the steps table and product forms in force."""
-        from models.layers import Linear, traced_switches
         decoder = self.decoder
         shapes = decoder.decode_shapes(self.max_rows)
         self.rows = {(padded, steps): rows for (padded, steps), rows in shapes.items()}
         self.pending: list[tuple] = [("prefill",)] * decoder.compiles_prefills + list(self.rows)
         self.eager = [key for key in decoder.decode_shapes(decoder.max_batch) if key not in self.rows]
-        self.job = CompileJob(self.args, decoder.spec.steps_by_batch if decoder.spec else (), Linear.cpu_forms,
-                              traced_switches(), [])
+        self.job = CompileJob(self.args, decoder.spec.steps_by_batch if decoder.spec else (),
+                              decoder.target.kernel_plan, [])
 
     @property
     def status(self) -> CompileStatus:

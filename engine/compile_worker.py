@@ -22,11 +22,8 @@ def worker(job: CompileJob, out) -> None:
 
     from engine.decoder import BatchDecoder
     from engine.loading import load_models
-    from models.layers import Attention, Linear
-
     args = job.args
-    target, drafter, device = load_models(args, cpu_forms=job.cpu_forms)
-    Attention.form, Linear.gemv_as_reduction = job.switches["attention"], job.switches["gemv_as_reduction"]
+    target, drafter, device = load_models(args, plan=job.plan)
     spec = args.speculation
     dec = BatchDecoder(target, drafter, spec, args.max_batch, args.max_context or target.config.max_position_embeddings,
                        compile=True, prefill_graphs=args.prefill_graphs, compile_prefill=args.compile_prefill,

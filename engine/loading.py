@@ -25,7 +25,8 @@ from models.cpu_forms import CpuForms
 from models.cpu_products import kept_forms, kept_forms_if_any, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
-from models.layers import Linear, fuse_projections
+from models.kernel_plan import KernelPlan
+from models.layers import fuse_projections, set_kernel_plan
 from models.llama import LlamaModel, load_target
 from models.tokenizer import load_tokenizer
 
@@ -106,9 +107,10 @@ def check_pair(target: LlamaModel, drafter: Eagle3Drafter, draft_path: str) -> N
                          f"{d.num_aux} layers of a {t.num_hidden_layers}-layer target")
 
 
-def load_models(args: NativeEngineArgs, cpu_forms=None) -> tuple[LlamaModel, Eagle3Drafter | None, torch.device]:
-    """The pair on its device; on a CPU in float32 with the product forms measured (or kept in tuning_cache),
-    or `cpu_forms` as given (a compile worker takes the serving process's)."""
+def load_models(args: NativeEngineArgs, plan: KernelPlan | None = None) -> tuple[LlamaModel, Eagle3Drafter | None,
+                                                                                 torch.device]:
+    """The pair on its device, with `plan` (a compile worker takes the serving process's), else the
+    default plan with, on a CPU in float32, the product forms measured (or kept in tuning_cache)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     if device.type == "cpu":
@@ -122,12 +124,13 @@ def load_models(args: NativeEngineArgs, cpu_forms=None) -> tuple[LlamaModel, Eag
         target.aux_layer_ids = list(drafter.config.aux_layer_ids)
         fuse_projections(drafter)
     fuse_projections(target)
-    if device.type == "cpu" and dtype == torch.float32:
-        forms = cpu_forms or product_forms(args, torch.get_num_threads())
-        Linear.cpu_forms = forms or CpuForms()
+    if plan is None and device.type == "cpu" and dtype == torch.float32:
+        forms = product_forms(args, torch.get_num_threads())
+        plan = KernelPlan(cpu_forms=forms) if forms else None
         if forms:
             log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
                      "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in forms.measured), forms.compiled)
+    set_kernel_plan(plan or KernelPlan(), target, drafter)
     return target, drafter, device
 
 
@@ -198,7 +201,7 @@ def build_engine(args: NativeEngineArgs, loaded: LoadedModels | None = None) -> 
                          "; ".join(f"{rows} rows " + " / ".join(f"{c:.1f}" for c in ms) for rows, ms in costs.items()),
                          list(spec.accept_rates), time.perf_counter() - t0)
         forms_later = device.type == "cpu" and target.embed_tokens.weight.dtype == torch.float32 \
-            and not Linear.cpu_forms.measured
+            and not target.kernel_plan.cpu_forms.measured
         if forms_later or costs_later:
             tuning.append(Tuning(decoder, args, forms=forms_later, costs=costs_later))
         # A capture in serving would stall every request in flight, so shapes are prepared now.

@@ -87,15 +87,15 @@ class ModelRunner:
             if self.device.type == "cuda":   # the bug is in the Triton kernels' tuning
                 keep_tuned_configs()
             dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-            self.steps = {k: _compiled(_span_from_ref(f), compile_cache, k, False,
-                                       dict(COMPILE_OPTIONS) if k in TUNED_KINDS else {}) for k, f in steps.items()}
-            self.steps_rows = {k: _compiled(_span_from_ref(f), compile_cache, k, True, {}) for k, f in steps.items()}
+            self.steps = {k: self._compiled(_span_from_ref(f), k, False, dict(COMPILE_OPTIONS) if k in TUNED_KINDS
+                                            else {}) for k, f in steps.items()}
+            self.steps_rows = {k: self._compiled(_span_from_ref(f), k, True, {}) for k, f in steps.items()}
             self.span_base = torch.empty(cache_len, dtype=torch.uint8, device=self.device)
 
     def compiled_prefills(self, fns: dict[str, Callable], owner) -> tuple:
         """The prefill forwards `fns` (by name, called with `owner` first) compiled once each with a
         symbolic width (every power-of-two width shares the compile; the graphs are still one per width)."""
-        self.prefill_fns = tuple(functools.partial(_compiled(f, self.compile_cache, name, True, {}), owner)
+        self.prefill_fns = tuple(functools.partial(self._compiled(f, name, True, {}), owner)
                                  for name, f in fns.items())
         return self.prefill_fns
 
@@ -148,6 +148,17 @@ class ModelRunner:
         return (*host, done)
 
     # -- caches ----------------------------------------------------------------------------------
+    def _compiled(self, step, name: str, dynamic: bool, options: dict):
+        """The step compiled: ahead of time and saved in compile_cache (named by the target's kernel
+        plan too), or lazily by torch.compile. The batch-1 compile makes its span (argument 2)
+        symbolic by marking it; the batched one is dynamic in every size."""
+        marks = () if dynamic else ((2, 0),)
+        if self.compile_cache:
+            return SavedCompile(step, self.compile_cache, f"{name}-{'rows' if dynamic else 'b1'}", dynamic, options,
+                                marks, plan=lambda: self.target.kernel_plan)
+        compiled = torch.compile(step, dynamic=dynamic or None, options=options)
+        return functools.wraps(step)(lambda *args: compiled(*marked(args, marks)))
+
     def kv(self) -> list[torch.Tensor]:
         """Every K and V cache tensor [rows, heads, positions, dim]: the target's layers, then the drafter's."""
         caches = [layer.self_attn.kv_cache for layer in self.target.layers]
@@ -189,17 +200,6 @@ class ModelRunner:
     def _saved_compile_fns(self) -> list[SavedCompile]:
         fns = [*self.steps.values(), *self.steps_rows.values(), *(getattr(f, "func", f) for f in self.prefill_fns)]
         return [f for f in fns if isinstance(f, SavedCompile)]
-
-
-def _compiled(step, cache: str | None, name: str, dynamic: bool, options: dict):
-    """The step compiled: ahead of time and saved in `cache`, or lazily by torch.compile. The
-    batch-1 compile makes its span (argument 2) symbolic by marking it; the batched one is dynamic
-    in every size."""
-    marks = () if dynamic else ((2, 0),)
-    if cache:
-        return SavedCompile(step, cache, f"{name}-{'rows' if dynamic else 'b1'}", dynamic, options, marks)
-    compiled = torch.compile(step, dynamic=dynamic or None, options=options)
-    return functools.wraps(step)(lambda *args: compiled(*marked(args, marks)))
 
 
 def _eager_by_span_ref(step):

@@ -11,8 +11,8 @@ its graph and inductor's code. A later process loads it and calls it on its own 
 A loaded step still checks its guards on every call (shapes, the step count, the batch range). A call
 that no saved step accepts gets a compile of its own, saved beside the others. The compiled prefills
 are saved the same way. The guards do not cover the code that was traced, torch's version, the
-options or the class-wide switches the code reads, so artifact names carry a fingerprint of those;
-the first call removes the function's artifacts saved under another fingerprint, which no process
+options or the models' kernel plan the code reads (models/kernel_plan.py), so artifact names carry a
+fingerprint of those; the first call removes the function's artifacts saved under another fingerprint, which no process
 of this version loads. Kernels still come from inductor's cache (TORCHINDUCTOR_CACHE_DIR): without
 it a load compiles them again.
 
@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from models.layers import traced_switches
+from models.kernel_plan import KernelPlan
 
 log = logging.getLogger(__name__)
 TRACED_PACKAGES = ("engine", "models")   # the code a step traces
@@ -90,11 +90,12 @@ class SavedCompile:
     prefill), compiled ahead of time once for every call that no earlier compile's guards accept.
     Each compile is saved in `folder` and loaded there by the next process. `marks` are (argument,
     dim) sizes made symbolic in the compile (on the example only: see `marked`). If a function cannot
-    be compiled whole (aot_compile needs one graph), it falls back to a lazy torch.compile, with a warning."""
+    be compiled whole (aot_compile needs one graph), it falls back to a lazy torch.compile, with a warning.
+    `plan` gives the kernel plan of the models `fn` runs, in force at the first call."""
 
     def __init__(self, fn: Callable, folder: str | Path, name: str, dynamic: bool, options: dict,
-                 marks: tuple[tuple[int, int], ...] = ()):
-        self.fn, self.dynamic, self.options, self.marks = fn, dynamic, options, marks
+                 marks: tuple[tuple[int, int], ...] = (), plan: Callable[[], KernelPlan] = KernelPlan):
+        self.fn, self.dynamic, self.options, self.marks, self.plan = fn, dynamic, options, marks, plan
         self.folder, self.name = Path(folder), name
         self.prefix = ""                  # named at the first call: see _name
         self.saved: list | None = None    # loaded at the first call (or refresh)
@@ -139,10 +140,10 @@ class SavedCompile:
 
     def _name(self) -> str:
         """The artifacts' name: the function, its compile settings, the code's fingerprint and the
-        class-wide switches the traced code reads (models.layers.traced_switches). A saved compile's
-        guards do not cover class attributes, so a step traced under one switch would load, and run
-        its form, under another (batch_sweep --attention sdpa loaded the written-out steps)."""
-        key = json.dumps([self.name, self.dynamic, self.options, self.marks, code_fingerprint(), traced_switches()],
+        kernel plan the traced code reads (KernelPlan.traced). A saved compile's guards do not
+        cover the plan, so a step traced under one plan would load, and run its forms, under
+        another (batch_sweep --attention sdpa loaded the written-out steps)."""
+        key = json.dumps([self.name, self.dynamic, self.options, self.marks, code_fingerprint(), self.plan().traced()],
                          sort_keys=True)
         return f"{self.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 

@@ -19,6 +19,7 @@ compile starts (`on_done`): it compiles the steps of the forms and table in forc
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Iterator
@@ -39,7 +40,7 @@ from engine.steps_by_cost import (
 from models.cpu_forms import CpuForms
 from models.cpu_products import REPS, forms_path, kept_entry, machine_key, timing_slices
 from models.kept_measurements import kept_measurement
-from models.layers import Linear
+from models.layers import set_kernel_plan
 
 log = logging.getLogger("specserve.engine")
 
@@ -98,10 +99,12 @@ class Tuning:
             entry = kept_entry(timings)
             if folder:   # another server may have kept its own first: every server here runs that one
                 entry = kept_measurement(forms_path(folder), machine_key(threads), lambda: entry, FORMS)
-            Linear.cpu_forms = CpuForms(tuple((n, form) for n, form in entry["forms"]))
+            forms = CpuForms(tuple((n, form) for n, form in entry["forms"]))
+            dec = self.decoder
+            set_kernel_plan(dataclasses.replace(dec.target.kernel_plan, cpu_forms=forms), dec.target, dec.drafter)
             log.info("CPU float32 product forms by row count, measured while serving (%.0f s): %s; compiled steps: %s",
-                     time.perf_counter() - self.started, ", ".join(f"{n}: {f}" for n, f in Linear.cpu_forms.measured),
-                     Linear.cpu_forms.compiled)
+                     time.perf_counter() - self.started, ", ".join(f"{n}: {f}" for n, f in forms.measured),
+                     forms.compiled)
             self._measured(FORMS)
         if COSTS in self.pending:
             dec, args = self.decoder, self.args

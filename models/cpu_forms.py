@@ -4,7 +4,7 @@ A decode or verify step on CPU is weight reads, and how fast the library's kerne
 depends on the processor: F.linear (x @ W.T) is the default;
 `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a weight reordered once into its blocked
 layout) are faster on some processors at some row counts. models/cpu_products.py times them on this
-machine and the engine sets `Linear.cpu_forms` (models/layers.py) from its choice at load. All
+machine and the engine puts its choice in the models' KernelPlan (models/kernel_plan.py) at load. All
 three give F.linear's products up to float32 rounding. Compiled steps call oneDNN as one opaque
 op (`specserve::onednn_linear`) where F.linear lost at every row count (CpuForms.compiled); inductor's own
 CPU products are F.linear's.

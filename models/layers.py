@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.cpu_forms import CpuForms, few_rows_cpu, onednn_linear
+from models.cpu_forms import few_rows_cpu, onednn_linear
+from models.kernel_plan import KernelPlan
 from models.q4_linear import Q4Linear
 
 
@@ -125,18 +126,18 @@ class Linear(nn.Linear):
     At batch 1 a decode step is weight reads: cuBLAS cuts a narrow matrix (q/k/v, o_proj,
     down_proj of an 8B layer) into fewer tiles than the GPU has SMs and reads it below copy
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
-    blocks, faster once tuned (engine.model_runner.COMPILE_OPTIONS; measured in
-    benchmarks/results/h200_decode/). Accumulates in fp32 like cuBLAS. Eager, CPU and
+    blocks, faster once tuned (engine.model_runner.COMPILE_OPTIONS). Accumulates in fp32 like cuBLAS. Eager, CPU and
     multi-token calls use F.linear, except float32 CPU calls: eager ones take the form measured
     fastest on this processor for their row count, compiled ones oneDNN where F.linear lost at
-    every count (models/cpu_forms.py; the engine sets the choice at load).
+    every count (models/cpu_forms.py). Both choices are its model's KernelPlan (set_kernel_plan).
     """
-    # Class-wide switches, so benchmarks can time both side by side.
-    gemv_as_reduction = True
-    cpu_forms = CpuForms()    # F.linear at every row count until the engine measures this CPU
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.plan = KernelPlan()   # F.linear at every CPU row count until the engine sets its model's plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
+        if (self.plan.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
         if x.device.type == "cpu" and x.dtype == torch.float32:
@@ -144,10 +145,10 @@ class Linear(nn.Linear):
             # its form up would specialize the compile to each count (a compile per prefill width or
             # batch size): compiled steps take one form for every count (CpuForms.compiled).
             if torch.compiler.is_compiling():
-                if self.cpu_forms.compiled == "onednn" and not torch.is_grad_enabled():
+                if self.plan.cpu_forms.compiled == "onednn" and not torch.is_grad_enabled():
                     return torch.ops.specserve.onednn_linear(x, self.weight, self.bias)
             else:
-                form = self.cpu_forms.form(x.numel() // self.in_features)
+                form = self.plan.cpu_forms.form(x.numel() // self.in_features)
                 if form == "few_rows":
                     return few_rows_cpu(x, self.weight, self.bias)
                 if form == "onednn" and not torch.is_grad_enabled():
@@ -168,6 +169,7 @@ def concat_linears(parts: list[nn.Module]) -> nn.Module | None:
         return Q4Linear.concat(parts)
     weight = torch.cat([p.weight.detach() for p in parts])
     fused = Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta")
+    fused.plan = parts[0].plan
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if parts[0].bias is not None:
         fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
@@ -191,14 +193,10 @@ class Attention(nn.Module):
     `written_out_attention` is the other form: alone, compiled, on an H100 it took 6.5-6.9 us a call
     where cuDNN's SDPA kernel took 9.8-16.8 us at SmolLM2's shapes. In the engine's whole compiled
     steps it did not pay: chain 4 ran 4% slower with it and the speculative engine at 0 steps 5%
-    slower (H100, batch_sweep --attention), so the default is SDPA and the written-out form stays a
-    switch for benchmarks to time.
+    slower (H100, batch_sweep --attention), so the default is SDPA and the written-out form is a
+    choice of the model's KernelPlan: "auto" writes attention out in compiled CUDA steps of at most
+    WRITTEN_OUT_MAX_QUERIES queries.
     """
-    # Class-wide, so benchmarks can time the forms side by side (batch_sweep / step_costs --attention):
-    # "sdpa" always; "auto" writes attention out in compiled CUDA steps of at most
-    # WRITTEN_OUT_MAX_QUERIES queries; "written_out" always (tests).
-    form = "sdpa"
-    FORMS = ("auto", "sdpa", "written_out")
     WRITTEN_OUT_MAX_QUERIES = 16
 
     def __init__(self, in_dim: int, heads: int, kv_heads: int, head_dim: int, out_dim: int, bias: bool = False):
@@ -210,6 +208,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(heads * head_dim, out_dim, bias=False)
         self.qkv_proj: nn.Module | None = None  # set by fuse(): q, k, v in one GEMM
         self.kv_cache: KVCache | None = None
+        self.plan = KernelPlan()
 
     def fuse(self) -> None:
         """Inference only: read the q, k, v weights in one GEMM (one kernel instead of three)."""
@@ -245,18 +244,21 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
     def _writes_out(self, q: torch.Tensor) -> bool:
-        if self.form != "auto":
-            return self.form == "written_out"
+        if self.plan.attention != "auto":
+            return self.plan.attention == "written_out"
         t = q.shape[2]   # symbolic (not an int) in a compiled prefill of dynamic width: that keeps SDPA
         return (q.is_cuda and torch.compiler.is_compiling() and type(t) is int
                 and t <= self.WRITTEN_OUT_MAX_QUERIES)
 
 
-def traced_switches() -> dict:
-    """The class-wide switches that decide what a compiled step traces (an attention form, a
-    product form): a saved compile is named by them (engine/saved_compile.py)."""
-    return {"attention": Attention.form, "gemv_as_reduction": Linear.gemv_as_reduction,
-            "cpu_compiled_form": Linear.cpu_forms.compiled}
+def set_kernel_plan(plan: KernelPlan, *models: nn.Module | None) -> None:
+    """The plan every product and attention of `models` reads from its next call (None skipped);
+    each model holds it as `kernel_plan`."""
+    for model in filter(None, models):
+        model.kernel_plan = plan
+        for m in model.modules():
+            if isinstance(m, (Linear, Attention)):
+                m.plan = plan
 
 
 class SwiGLU(nn.Module):

@@ -124,7 +124,8 @@ def test_cpu_vllm_runs_both_sweeps_at_tp2(tmp_path):
     assert saved["points"][1]["rows"][0]["accept_length"] >= 1   # EAGLE-3 drafted and verified
     assert saved["points"][1]["env"]["NCCL_PROTO"] == "LL"       # the step sweep ran with the winner
     assert r["nccl_winner"] == "LL/Ring/P2P SYS" and r["steps_by_batch"] == {"1": 2, "2": 2}
-    assert (tmp_path / "tp2-tiny.png").is_file() and "| nccl | LL/Ring/P2P SYS |" in (tmp_path / "tp2-tiny.md").read_text()
+    assert (tmp_path / "tp2-tiny.png").is_file()
+    assert "| nccl | LL/Ring/P2P SYS |" in (tmp_path / "tp2-tiny.md").read_text()
     launch = resolve(r["profile"], environ={})
     kw = vllm_engine_args(launch.profile)
     assert kw["load_format"] == "dummy" and kw["tensor_parallel_size"] == 2 and kw["disable_custom_all_reduce"]

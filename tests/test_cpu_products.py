@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from models.cpu_forms import CPU_FEW_ROWS, CpuForms, onednn_available
 from models.cpu_products import CALIBRATED_ROWS, kept_forms, machine_key, measured_forms
+from models.kernel_plan import KernelPlan
 from models.layers import Linear
 
 FORMS = ["linear", "few_rows"] + (["onednn"] if onednn_available() else [])
@@ -29,11 +30,11 @@ def test_row_counts_between_and_past_the_measured_ones_take_the_next_and_the_las
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_every_form_gives_f_linear_products(monkeypatch, form):
+def test_every_form_gives_f_linear_products(form):
     """At every row count, in 2-D and 3-D, with and without gradients; oneDNN only without them
     (it has no autograd), and after an in-place change of the weight it reads the new weight."""
-    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(((64, form),)))
     lin = Linear(576, 1536, bias=True)
+    lin.plan = KernelPlan(cpu_forms=CpuForms(((64, form),)))
     for rows in (*range(1, CPU_FEW_ROWS + 2), 16, 40):
         for x in (torch.randn(rows, 576), torch.randn(1, rows, 576)):
             with torch.no_grad():
@@ -82,13 +83,13 @@ def test_compiled_steps_take_onednn_only_where_f_linear_lost_at_every_row_count(
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
-def test_compiled_onednn_products_are_f_linear_in_one_graph_for_every_row_count(monkeypatch):
+def test_compiled_onednn_products_are_f_linear_in_one_graph_for_every_row_count():
     """Compiled without gradients, a Linear takes oneDNN as one opaque op (specserve::onednn_linear):
     one graph without breaks, one compile for every row count past one (dynamic), F.linear's products."""
     import torch._dynamo as dynamo
 
-    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(((1, "onednn"), (64, "onednn"))))
     lin = Linear(576, 1536, bias=True)
+    lin.plan = KernelPlan(cpu_forms=CpuForms(((1, "onednn"), (64, "onednn"))))
     with torch.no_grad():
         e = dynamo.explain(lin)(torch.randn(3, 576))
         assert (e.graph_count, e.graph_break_count) == (1, 0)

@@ -20,13 +20,22 @@ from engine.loading import NativeEngineArgs, build_engine
 from engine.prefill import PREFILL_GRAPH_GROUP, Prefill
 from engine.sampling import BatchSampling
 from models.cpu_forms import CpuForms, onednn_available
-from models.layers import Attention, Linear
+from models.kernel_plan import KernelPlan
 from models.llama import load_target
 from tests.engine_runs import decode, greedy, greedy_ids
 from tests.tiny import export_drafter, fit_drafter, make_target_dir, random_drafter
 
 N_TOKENS = 40
 ONEDNN_EVERYWHERE = ((1, "onednn"), (64, "onednn"))  # compiled steps then call oneDNN (CpuForms.compiled)
+
+
+def use_plan(monkeypatch, models, plan: KernelPlan) -> None:
+    """`plan` in the fixture's target and drafters, as models.layers.set_kernel_plan sets it, for one test."""
+    for model in (models["target"], *models["drafters"].values()):
+        monkeypatch.setattr(model, "kernel_plan", plan)
+        for m in model.modules():
+            if hasattr(m, "plan"):
+                monkeypatch.setattr(m, "plan", plan)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +71,7 @@ def test_chain_is_lossless_in_every_cpu_product_form(models, monkeypatch, forms)
     """Greedy speculation gives plain decoding's tokens whichever float32 product form each row
     count takes on this CPU (models/cpu_forms.py, chosen at load by measurement), also where a
     decode step's one row and a verify's rows take different forms."""
-    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(forms))
+    use_plan(monkeypatch, models, KernelPlan(cpu_forms=CpuForms(forms)))
     for prompt in models["prompts"]:
         plain = decode(models["target"], None, None, [prompt])[0][0]
         for steps in (1, 3, 6):
@@ -72,7 +81,7 @@ def test_chain_is_lossless_in_every_cpu_product_form(models, monkeypatch, forms)
 def test_chain_and_tree_are_lossless_with_attention_written_out(models, monkeypatch):
     """The attention form compiled CUDA steps take (models.layers.written_out_attention), forced
     on every call here: speculation by chain and by tree still gives plain decoding's tokens."""
-    monkeypatch.setattr(Attention, "form", "written_out")
+    use_plan(monkeypatch, models, KernelPlan(attention="written_out"))
     for prompt in models["prompts"]:
         plain = decode(models["target"], None, None, [prompt])[0][0]
         for spec in (SpecConfig(3), SpecConfig(3, 4, 8)):
@@ -91,7 +100,7 @@ def test_compiled_decoder_matches_eager(models, monkeypatch, forms):
     from torch._dynamo.utils import counters
     if forms and not onednn_available():
         pytest.skip("this torch has no oneDNN linear")
-    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(forms))
+    use_plan(monkeypatch, models, KernelPlan(cpu_forms=CpuForms(forms)))
     target, drafter = models["target"], models["drafters"]["fitted"]
     dec = BatchDecoder(target, drafter, SpecConfig(steps=3), max_batch=4, max_context=512, compile=True,
                        prefill_graphs=True)
@@ -142,7 +151,7 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch
     A step calling oneDNN's op (models/cpu_forms.py) saves and loads too."""
     if forms and not onednn_available():
         pytest.skip("this torch has no oneDNN linear")
-    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(forms))
+    use_plan(monkeypatch, models, KernelPlan(cpu_forms=CpuForms(forms)))
     from torch._dynamo.source import DefaultsSource
     from torch._dynamo.utils import counters
     monkeypatch.setattr(DefaultsSource, "__reduce__",
@@ -176,11 +185,11 @@ def test_saved_compiled_steps_load_without_tracing(models, tmp_path, monkeypatch
 def test_compiled_shapes_compile_once_for_every_width_and_batch(models, monkeypatch):
     """A compiled engine compiles its captured prefill once for every power-of-two width and its
     step twice (batch 1, then one dynamic batch for 2-4 rows), also where CPU float32 row counts
-    take other product forms in eager steps (Linear.cpu_forms, set at load by measurement): its
+    take other product forms in eager steps (the models' KernelPlan, set at load by measurement): its
     test of the row count once specialized the compiles to each width and batch size."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(Linear, "cpu_forms", CpuForms(((8, "few_rows"), (64, "onednn"))))
+    use_plan(monkeypatch, models, KernelPlan(cpu_forms=CpuForms(((8, "few_rows"), (64, "onednn")))))
     prompts = [(models["prompts"][1] * 8)[:n] for n in (10, 20, 40)]
     eager = BatchDecoder(models["target"], None, None, max_batch=4, max_context=512, prefill_graphs=True)
     firsts = [eager.prefill(0, p, greedy()) for p in prompts]   # before `dec` takes the target's caches

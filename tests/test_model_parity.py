@@ -52,14 +52,15 @@ def test_default_aux_ids():
 
 
 @pytest.mark.parametrize("form", ["auto", "written_out"])
-def test_cached_decoding_matches_full_forward(hf_pair, form, monkeypatch):
+def test_cached_decoding_matches_full_forward(hf_pair, form):
     """Prefill + one-token steps through the static cache give the full-sequence logits, with SDPA
     (what "auto" takes on CPU) and with attention written out (what compiled CUDA steps take)."""
     from engine.masks import block_inputs, causal
-    from models.layers import Attention
-    monkeypatch.setattr(Attention, "form", form)
+    from models.kernel_plan import KernelPlan
+    from models.layers import set_kernel_plan
     _, path = hf_pair
     ours = load_target(path)
+    set_kernel_plan(KernelPlan(attention=form), ours)
     ours.setup_cache(max_batch=1, max_len=64)
     tokens = torch.randint(0, 300, (1, 20))
     with torch.no_grad():

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from engine.saved_compile import SavedCompile, code_only
+from models.kernel_plan import KernelPlan
 
 
 def scaled(state, x):
@@ -55,22 +56,23 @@ def test_code_only_ignores_docstrings_comments_and_layout_but_not_code():
     assert code_only('def h():\n    """Only a docstring."""\n') != code_only('def h():\n    return 1\n')
 
 
+MODEL = SimpleNamespace(kernel_plan=KernelPlan())
+
+
 def attention_sign(x):
-    """Reads a class-wide switch, as the model's layers do (models.layers.traced_switches)."""
-    from models.layers import Attention
-    return x + 1 if Attention.form == "auto" else x - 1
+    """Reads its model's kernel plan, as the model's layers do (models.kernel_plan)."""
+    return x + 1 if MODEL.kernel_plan.attention == "auto" else x - 1
 
 
-def test_a_step_saved_under_one_switch_is_not_loaded_under_another(tmp_path, monkeypatch):
-    """A saved compile's guards do not cover class attributes: loaded under another attention form,
-    the step traced under the first would run its form. The switches name the artifacts, so the
+def test_a_step_saved_under_one_plan_is_not_loaded_under_another(tmp_path, monkeypatch):
+    """A saved compile's guards do not cover the kernel plan: loaded under another attention form,
+    the step traced under the first would run its form. The plan names the artifacts, so the
     other form compiles its own (and the first form's, saved under another name, is removed)."""
-    from models.layers import Attention
     x = torch.zeros(2)
-    monkeypatch.setattr(Attention, "form", "auto")
-    first = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={})
+    monkeypatch.setattr(MODEL, "kernel_plan", KernelPlan(attention="auto"))
+    first = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={}, plan=lambda: MODEL.kernel_plan)
     assert torch.equal(first(x), x + 1) and first.compiled == 1
-    monkeypatch.setattr(Attention, "form", "sdpa")
-    other = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={})
+    monkeypatch.setattr(MODEL, "kernel_plan", KernelPlan(attention="sdpa"))
+    other = SavedCompile(attention_sign, tmp_path, "sign", dynamic=False, options={}, plan=lambda: MODEL.kernel_plan)
     assert torch.equal(other(x), x - 1) and (other.compiled, other.loaded) == (1, 0)
     assert len(list(tmp_path.glob("sign-*.aot"))) == 1

@@ -11,7 +11,6 @@ from engine.api import SamplingParams
 from engine.config import SpecConfig
 from engine.loading import NativeEngineArgs, build_engine
 from engine.steps_by_cost import choose_steps, provisional_steps
-from models.layers import Linear
 from tests.tiny import export_drafter, make_target_dir, random_drafter
 
 RATES = [0.6, 0.4, 0.25]
@@ -61,7 +60,7 @@ def test_an_engine_that_serves_at_once_answers_before_measuring_then_serves_and_
     try:
         assert engine.compile_status == {"tuning": {"measured": [], "measuring": ["CPU product forms", "step costs"]}}
         assert engine.decoder.spec.steps_by_batch == provisional_steps(3, 4) == ((1, 3), (4, 1))
-        assert not Linear.cpu_forms.measured   # F.linear until the forms are measured
+        assert not engine.decoder.target.kernel_plan.cpu_forms.measured   # F.linear until the forms are measured
         assert answers(engine, "a") == expected
         assert not engine.tuning.done, "answered before measuring ends"
         deadline = time.monotonic() + 300
@@ -73,7 +72,7 @@ def test_an_engine_that_serves_at_once_answers_before_measuring_then_serves_and_
         assert sorted(costs) == [1, 2, 4]
         table = choose_steps(costs, RATES)
         assert engine.decoder.spec.steps_by_batch == table
-        forms = Linear.cpu_forms.measured
+        forms = engine.decoder.target.kernel_plan.cpu_forms.measured
         assert [list(p) for p in forms] == only_entry(tmp_path / "cpu_products.json")["forms"]
         assert answers(engine, "b") == expected
     finally:
@@ -82,7 +81,8 @@ def test_an_engine_that_serves_at_once_answers_before_measuring_then_serves_and_
     again.start_blocking()
     try:
         assert again.tuning is None and again.compile_status is None
-        assert again.decoder.spec.steps_by_batch == table and Linear.cpu_forms.measured == forms
+        assert again.decoder.spec.steps_by_batch == table
+        assert again.decoder.target.kernel_plan.cpu_forms.measured == forms
         assert answers(again, "c") == expected
     finally:
         again.stop_blocking()

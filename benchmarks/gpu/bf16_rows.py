@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from benchmarks.shapes import TARGETS, random_target
 from engine.masks import block_inputs, causal, one_token_inputs
-from models.layers import Attention, fuse_projections, written_out_attention
+from models.kernel_plan import KernelPlan
+from models.layers import fuse_projections, set_kernel_plan, written_out_attention
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -132,14 +133,13 @@ def main(argv=None) -> dict:
               "attention": attention(TARGETS["smollm2"], a.device, dtype, a.k, a.span, a.prefix)}
     with torch.no_grad():
         for form in ("sdpa", "written_out"):
-            Attention.form = form
+            set_kernel_plan(KernelPlan(attention=form), model)
             for name, ctx in backends() if form == "sdpa" else [("-", contextlib.nullcontext())]:
                 with ctx:
                     try:
                         result[f"layers {form} {name}"] = layers(model, a.device, a.k, a.span, a.prefix)
                     except RuntimeError as e:
                         result[f"layers {form} {name}"] = {"error": str(e).splitlines()[0][:160]}
-        Attention.form = "sdpa"
     for p in result["products"]:
         bad = [m for m, r in p["by_rows"].items() if not r["equal"]]
         print(f"product {p['weight']:40s} {str(p['shape']):14s} row 0 differs at M = {bad or 'none'}")
