@@ -13,6 +13,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
+# How long stopping waits for the engine thread (or process) to end its step before giving up on it.
+SHUTDOWN_TIMEOUT_S = 30.0
+
 
 class ErrorCode(str, enum.Enum):
     """Why a request failed, set where the failure happens; server/errors.py maps each to an

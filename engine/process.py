@@ -20,7 +20,15 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
-from engine.api import EngineError, EngineInfo, ErrorCode, GenerationOutput, SamplingParams, stream_outputs
+from engine.api import (
+    SHUTDOWN_TIMEOUT_S,
+    EngineError,
+    EngineInfo,
+    ErrorCode,
+    GenerationOutput,
+    SamplingParams,
+    stream_outputs,
+)
 from engine.loading import NativeEngineArgs, build_engine, engine_info
 from engine.messages import (
     Abort,
@@ -37,8 +45,6 @@ from engine.messages import (
 )
 
 log = logging.getLogger("specserve.engine")
-
-SHUTDOWN_TIMEOUT_S = 30.0
 
 
 class EngineProcess:

@@ -13,26 +13,21 @@ a late request like any other.
 With compiles made elsewhere (engine/background_compile.py) the thread serves eager steps and
 each compiled shape takes over at the first step after it has loaded: no request waits for a compile.
 What the tuning cache lacks about this machine it measures between its steps (engine/tuning.py).
-A request with a structured-output constraint waits for its grammar (compiled in a worker
-thread, engine/grammar.py) before it queues; one that fails to compile, or takes longer than
-`grammar_timeout_s`, ends with INVALID_REQUEST. Each admitted request that processes logits
-gets a LogitsProcessor, fed every token it emits.
+Requests wait in engine/waiting.py (constrained ones for their grammar first). Each admitted
+request that processes logits gets a LogitsProcessor, fed every token it emits.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 import torch
 
 from engine.api import (
+    SHUTDOWN_TIMEOUT_S,
     EngineError,
     EngineInfo,
     ErrorCode,
@@ -44,47 +39,22 @@ from engine.api import (
 from engine.background_compile import BackgroundCompiles
 from engine.decoder import BatchDecoder, InFlight
 from engine.detokenizer import IncrementalDetokenizer
-from engine.grammar import GrammarError, Grammars
 from engine.logits_processing import LogitsProcessor
+from engine.request import Request, batch_sampling, eos_ids
 from engine.sampling import BatchSampling
 from engine.tuning import Tuning
+from engine.waiting import WaitingRequests
 
 log = logging.getLogger("specserve.engine")
 
-SHUTDOWN_TIMEOUT_S = 30.0
-GRAMMAR_TIMEOUT_S = 10.0
-
-
-@dataclass
-class _Request:
-    id: str
-    prompt: list[int]
-    params: SamplingParams
-    emit: Callable[[GenerationOutput], None]
-    detok: IncrementalDetokenizer | None   # None: the request asked for token ids only
-    generator: torch.Generator | None
-    spec: SpecStats | None
-    output: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    grammar: concurrent.futures.Future | None = None  # the constraint compiling, then compiled
-    grammar_deadline: float = 0.0
-    processor: LogitsProcessor | None = None
-
-
-def eos_ids(target, tokenizer) -> set[int]:
-    """The ids that end a reply: the target config's EOS ids and the tokenizer's."""
-    ids = set(target.config.eos_token_ids)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 class NativeEngine:
-    """Implements engine.api.Engine. `load_fn` builds (decoder, tokenizer, info) when started."""
+    """Implements engine.api.Engine. `load_fn` builds (decoder, tokenizer, info) when started; the
+    queue's and admission's settings are NativeConfig's (engine/config.py)."""
 
-    def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo,
-                 max_waiting: int = 256, prefill_tokens: int = 8192, prefill_min_rows: int = 1,
-                 grammar_timeout_s: float = GRAMMAR_TIMEOUT_S,
+    def __init__(self, load_fn: Callable[[], tuple[BatchDecoder, object, EngineInfo]], info: EngineInfo, *,
+                 max_waiting: int, prefill_tokens: int, prefill_min_rows: int, grammar_timeout_s: float,
                  background_compiles: Callable[[], BackgroundCompiles | None] = lambda: None,
                  tuning: Callable[[], Tuning | None] = lambda: None):
         self._load_fn = load_fn
@@ -101,18 +71,11 @@ class NativeEngine:
         self.prefill_tokens, self.prefill_min_rows = prefill_tokens, prefill_min_rows
         self.tokenizer = None
         self.decoder: BatchDecoder | None = None
-        self.max_waiting = max_waiting
-        self._inbox: queue.Queue = queue.Queue()
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._compiling: list[_Request] = []  # waiting for their grammar (count as waiting)
-        self.grammar_timeout_s = grammar_timeout_s
-        self._grammars: Grammars | None = None  # made on the first constrained request
-        self._active: list[_Request] = []
+        self._waiting = WaitingRequests(max_waiting, grammar_timeout_s)
+        self._active: list[Request] = []
         self._batch_sampling: BatchSampling | None = None  # of _active; rebuilt when the batch changes
         self._next: InFlight | None = None  # a step launched before the host handled the previous one
         self._aborted: set[str] = set()
-        self._n_waiting = 0
-        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ready = False
@@ -131,7 +94,7 @@ class NativeEngine:
 
     @property
     def load(self) -> tuple[int, int]:
-        return len(self._active), self._n_waiting
+        return len(self._active), self._waiting.count
 
     @property
     def compile_status(self) -> dict | None:
@@ -204,7 +167,7 @@ class NativeEngine:
         """Tell the engine thread to stop; the thread to wait for (None: none, or it is us)."""
         self._ready = False
         self._stop.set()
-        self._inbox.put(None)
+        self._waiting.wake()
         if self.compiles is not None:
             self.compiles.stop()
         thread = self._thread
@@ -236,61 +199,49 @@ class NativeEngine:
         ENGINE_UNAVAILABLE when the engine cannot serve."""
         if not self.ready:
             raise EngineError(self.dead or "engine is not ready")
-        with self._lock:
-            if self._n_waiting >= self.max_waiting:
-                raise EngineError(f"server is overloaded: {self._n_waiting} requests waiting", ErrorCode.OVERLOADED)
-            self._n_waiting += 1
+        waiting = self._waiting
+        waiting.reserve()
         grammar = None
         if params.constraint is not None:
             try:
-                grammar = self._grammar_compiler().submit(params.constraint)
+                grammar = waiting.grammar_compiler(self.tokenizer, self.decoder.target.config.vocab_size,
+                                                   sorted(self.eos_ids)).submit(params.constraint)
             except EngineError:
-                self._left_queue()
+                waiting.left()
                 raise
-            grammar.add_done_callback(lambda _: self._inbox.put(None))  # wake the engine loop
+            grammar.add_done_callback(lambda _: waiting.wake())
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.decoder.device)
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-        self._inbox.put(_Request(
+        waiting.inbox.put(Request(
             id=request_id, prompt=list(prompt_ids), params=params, emit=emit,
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop, params.skip_special_tokens)
             if params.detokenize else None,
             generator=gen,
             spec=SpecStats() if self.decoder.spec else None,
-            grammar=grammar, grammar_deadline=time.monotonic() + self.grammar_timeout_s,
+            grammar=grammar, grammar_deadline=time.monotonic() + waiting.grammar_timeout_s,
         ))
         if self.dead is not None or self._stop.is_set():
             # The thread died (or stopped) while we queued: its last inbox drain may have run
             # before our put, and nobody would ever answer. `dead` is set before that drain.
             raise EngineError(self.dead or "engine is shutting down")
 
-    def _grammar_compiler(self) -> Grammars:
-        with self._lock:
-            if self._grammars is None:
-                try:
-                    self._grammars = Grammars(self.tokenizer, self.decoder.target.config.vocab_size,
-                                              sorted(self.eos_ids))
-                except Exception as e:  # xgrammar missing, or a tokenizer it cannot read
-                    raise EngineError(f"structured outputs are not available: {type(e).__name__}: {e}",
-                                      ErrorCode.INVALID_REQUEST) from None
-            return self._grammars
-
     def abort(self, request_id: str) -> None:
         """Drop a request (waiting or running) before the engine's next step; no more deltas."""
         self._aborted.add(request_id)
-        self._inbox.put(None)
+        self._waiting.wake()
 
     # -- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 measuring = self.tuning is not None and not self.tuning.done
-                self._drain_inbox(block=not self._active and not self._waiting and not measuring)
+                self._waiting.drain(block=not self._active and not self._waiting.queued and not measuring)
                 if self._next is not None and (self._aborted or self._will_admit()):
                     self._finish_next()  # the batch is about to change: no step may be in flight
                 self._drop_aborted()
-                self._check_grammars()
+                self._waiting.check_grammars()
                 self._admit()
                 self._flush()  # first tokens go out now, not after the step below
                 if self._active:
@@ -303,14 +254,10 @@ class NativeEngine:
             self.dead = f"engine failed: {type(e).__name__}: {e}"
         else:  # shut down: whatever is still here gets an answer too
             self.dead = "engine has shut down"
-        for r in self._active + list(self._waiting) + self._compiling:
+        for r in self._active + self._waiting.clear():
             r.emit(self._failed(prompt_tokens=len(r.prompt), completion_tokens=len(r.output)))
         self._active.clear()
-        self._waiting.clear()
-        self._compiling.clear()
-        if self._grammars is not None:
-            self._grammars.shutdown()
-        self._drain_inbox(block=False, fail=True)
+        self._waiting.drain(block=False, fail=self._failed)
         self._flush()
 
     def _flush(self) -> None:
@@ -329,19 +276,6 @@ class NativeEngine:
                     pass
         self.flush()
 
-    def _drain_inbox(self, block: bool, fail: bool = False) -> None:
-        try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-            while True:
-                if item is not None:
-                    if fail:
-                        item.emit(self._failed())
-                    else:
-                        (self._compiling if item.grammar is not None else self._waiting).append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            pass
-
     def _failed(self, **counts) -> GenerationOutput:
         """The last delta of a request the dead (or stopped) engine will never finish."""
         return GenerationOutput(finish_reason="abort", error=self.dead, error_code=ErrorCode.ENGINE_UNAVAILABLE,
@@ -352,64 +286,26 @@ class NativeEngine:
             return
         ids = set(self._aborted)
         self._aborted -= ids
-        for r in [r for r in self._compiling if r.id in ids]:
-            self._compiling.remove(r)
-            r.grammar.cancel()
-            self._left_queue()
-        for r in [r for r in self._waiting if r.id in ids]:
-            self._waiting.remove(r)
-            self._left_queue()
+        self._waiting.drop(ids)
         for i in reversed([i for i, r in enumerate(self._active) if r.id in ids]):
             self._release(i)
 
-    def _check_grammars(self) -> None:
-        """Queue requests whose grammar compiled; refuse those that failed or ran out of time
-        (the compile thread finishes on its own: xgrammar cannot be interrupted)."""
-        now = time.monotonic()
-        for r in list(self._compiling):
-            error = None
-            if r.grammar.done():
-                try:
-                    r.grammar.result()
-                except GrammarError as e:
-                    error = str(e)
-                except Exception as e:
-                    error = f"{r.params.constraint.field}: {type(e).__name__}: {e}"
-            elif now > r.grammar_deadline:
-                r.grammar.cancel()
-                error = (f"{r.params.constraint.field}: the grammar did not compile within "
-                         f"{self.grammar_timeout_s:g} s")
-            else:
-                continue
-            self._compiling.remove(r)
-            if error is None:
-                self._waiting.append(r)
-                continue
-            self._left_queue()
-            r.emit(GenerationOutput(finish_reason="abort", error=error, error_code=ErrorCode.INVALID_REQUEST,
-                                    prompt_tokens=len(r.prompt)))
-
-    def _left_queue(self) -> None:
-        with self._lock:
-            self._n_waiting -= 1
-
     def _will_admit(self) -> bool:
         """Whether waiting requests would be prefilled now (rows free, see prefill_min_rows)."""
-        free = self.decoder.max_batch - len(self._active)
-        return bool(self._waiting) and free > 0 and (
-            not self._active or free >= min(self.prefill_min_rows, len(self._waiting)))
+        free, queued = self.decoder.max_batch - len(self._active), self._waiting.queued
+        return bool(queued) and free > 0 and (not self._active or free >= min(self.prefill_min_rows, len(queued)))
 
     def _admit(self) -> None:
-        dec = self.decoder
+        dec, queued = self.decoder, self._waiting.queued
         while self._will_admit():
             free = dec.max_batch - len(self._active)
-            group = [self._waiting.popleft()]
+            group = [queued.popleft()]
             longest = len(group[0].prompt)
-            while self._waiting and len(group) < free:
-                longest_next = max(longest, len(self._waiting[0].prompt))
+            while queued and len(group) < free:
+                longest_next = max(longest, len(queued[0].prompt))
                 if longest_next * (len(group) + 1) > self.prefill_tokens:
                     break
-                group.append(self._waiting.popleft())
+                group.append(queued.popleft())
                 longest = longest_next
             # A prompt that a running row (or one of this group) holds already is not prefilled
             # again: those rows come after the group's prefill and copy it (decoder.prefill_shared).
@@ -422,19 +318,20 @@ class NativeEngine:
             shared = [r for r in group if all(r is not f for f in fresh)]
             row = len(self._active)
             for r in fresh + shared:
-                self._left_queue()
+                self._waiting.left()
                 self._active.append(r)
                 if r.params.processes_logits:
                     r.processor = LogitsProcessor(
                         r.params, r.prompt, dec.target.config.vocab_size, dec.device, sorted(self.eos_ids),
-                        self._grammars, r.grammar.result() if r.grammar is not None else None)
+                        self._waiting.grammars, r.grammar.result() if r.grammar is not None else None)
             self._batch_sampling = None
-            firsts = dec.prefill_rows(row, [r.prompt for r in fresh], self._sampling(fresh)) if fresh else []
+            firsts = (dec.prefill_rows(row, [r.prompt for r in fresh], batch_sampling(fresh, dec.device))
+                      if fresh else [])
             if shared:
                 firsts += dec.prefill_shared(row + len(fresh), [held[tuple(r.prompt)] for r in shared],
-                                             [r.prompt for r in shared], self._sampling(shared))
+                                             [r.prompt for r in shared], batch_sampling(shared, dec.device))
             for i, first in enumerate(firsts):
-                self._consume(row + i, first.tokens, logprobs=first.logprobs)
+                self._active[row + i].consume(first.tokens, self.eos_ids, dec.max_context, logprobs=first.logprobs)
             for i in reversed(range(row, row + len(group))):
                 if self._active[i].finish_reason:
                     self._release(i)
@@ -442,14 +339,14 @@ class NativeEngine:
     def _step(self) -> None:
         dec, rows = self.decoder, len(self._active)
         if self._batch_sampling is None:  # host-to-device copies: not on every step
-            self._batch_sampling = self._sampling(self._active)
+            self._batch_sampling = batch_sampling(self._active, dec.device)
         if not dec.device_side(self._batch_sampling):
             self._apply(dec.step(rows, self._batch_sampling))
             return
         current, self._next = self._next or dec.launch(rows), None
         # Overlap: the GPU starts the next step now, while this thread reads, detokenizes and
         # streams the current one. Only when nothing will change the batch meanwhile.
-        if (dec.overlap and self._inbox.empty() and not self._will_admit() and not self._aborted
+        if (dec.overlap and self._waiting.inbox.empty() and not self._will_admit() and not self._aborted
                 and dec.room_to_launch(rows)):
             self._next = dec.launch(rows)
         self._apply(dec.collect(current))  # may collect the step in flight (a request ended)
@@ -469,7 +366,7 @@ class NativeEngine:
             if r.spec is not None:
                 r.spec.record(res.proposed, res.accepted)
                 step = SpecStats.of_step(res.proposed, res.accepted)
-            self._consume(row, res.tokens, step, res.logprobs)
+            r.consume(res.tokens, self.eos_ids, self.decoder.max_context, step, res.logprobs)
         if any(r.finish_reason for r in self._active):
             if self._next is not None:
                 self._finish_next()
@@ -477,47 +374,6 @@ class NativeEngine:
             for row in reversed(range(len(self._active))):
                 if self._active[row].finish_reason:
                     self._release(row)
-
-    def _sampling(self, reqs: list[_Request]) -> BatchSampling:
-        dev = self.decoder.device
-        return BatchSampling(
-            temperature=torch.tensor([0.0 if r.params.greedy else r.params.temperature for r in reqs], device=dev),
-            top_p=torch.tensor([r.params.top_p for r in reqs], device=dev),
-            top_k=torch.tensor([r.params.top_k for r in reqs], device=dev),
-            generators=[r.generator for r in reqs],
-            greedy=all(r.params.greedy for r in reqs),
-            processors=[r.processor for r in reqs] if any(r.processor for r in reqs) else None,
-            logprobs=[r.params.logprobs for r in reqs] if any(r.params.logprobs is not None for r in reqs) else None,
-        )
-
-    def _consume(self, row: int, tokens: list[int], spec_step: SpecStats | None = None,
-                 logprobs: list | None = None) -> None:
-        """Apply new tokens one by one until a stop condition; emit one delta (with the verify
-        step that made them: its drafts count even when the request ends inside the run)."""
-        r, p = self._active[row], self._active[row].params
-        new: list[int] = []
-        for t in tokens:
-            r.output.append(t)
-            new.append(t)
-            if r.processor is not None:
-                r.processor.accept(t)
-            if not p.ignore_eos and t in self.eos_ids or t in p.stop_token_ids:
-                r.finish_reason = "stop"
-                break
-            if r.detok is not None:
-                r.detok.add(t)
-            if r.detok is not None and r.detok.stopped:
-                r.finish_reason = "stop"
-            elif len(r.output) >= p.max_tokens or len(r.prompt) + len(r.output) >= self.decoder.max_context:
-                r.finish_reason = "length"
-            if r.finish_reason:
-                break
-        r.emit(GenerationOutput(
-            text=r.detok.take(final=r.finish_reason is not None) if r.detok else "", token_ids=new,
-            finish_reason=r.finish_reason, prompt_tokens=len(r.prompt), completion_tokens=len(r.output),
-            spec=r.spec if r.finish_reason else None, spec_step=spec_step,
-            logprobs=logprobs[:len(new)] if logprobs is not None else None,
-        ))
 
     def _release(self, row: int) -> None:
         self._batch_sampling = None
