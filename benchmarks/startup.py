@@ -11,9 +11,10 @@ random pair of --shape (shapes.py) stands in, and random prompts run to --max-to
 
 The server (--server-args "ARGS"; "" is the default profile): `launch/serve.sh ARGS`, as `make serve` runs it,
 with SPECSERVE_CACHE_DIR=--cache-dir. When /health turns ready one chat request goes out (the first answer);
-then --clients clients stream back to back until /health lists no decode shape compiling, and --after seconds
-more. The log's "compiled in" lines time each swap to a compiled step, and the longest gap between chunks
-within --window seconds of one is its cost. The load average rides along (the machine may be shared).
+then --clients clients stream (back to back, or --think seconds apart: idle time in which the niced compile
+worker gets the CPU) until /health lists no decode shape compiling, and --after seconds more. The log's
+"compiled in" lines time each swap to a compiled step, and the longest gap between chunks within --window
+seconds of one is its cost. The load average rides along (the machine may be shared).
 
   python -m benchmarks startup --model M --draft D --steps-by-batch 1=4,32=1 --max-batch 32 --dtype bfloat16 \\
       --cache-dir /tmp/inductor --out runs/startup.json
@@ -111,6 +112,7 @@ async def serve_while_compiling(url: str, items: list[dict], args, t0: float) ->
             while not done.is_set():
                 streams.append((n % len(items), await serving.stream(client, url, items[n % len(items)], t0)))
                 n += args.clients
+                await asyncio.sleep(args.think)
         tasks = [asyncio.create_task(one(i)) for i in range(args.clients)]
         while compiled is None and time.perf_counter() - t0 < args.timeout:
             loads.append(loadavg())
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     server = ap.add_argument_group("the server")
     server.add_argument("--server-args", help="start `launch/serve.sh SERVER_ARGS` instead of the engine")
     server.add_argument("--clients", type=int, default=3, help="clients streaming back to back while compiling")
+    server.add_argument("--think", type=float, default=0.0, help="seconds each client waits between requests")
     server.add_argument("--timeout", type=float, default=1800, help="seconds to wait for every shape compiled")
     server.add_argument("--after", type=float, default=20, help="seconds of load once every shape is compiled")
     server.add_argument("--window", type=float, default=1.0, help="seconds either side of a swap")

