@@ -48,7 +48,7 @@ install-dev: $(BIN)/python
 serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
-# Two pytest workers, each file on one (its module fixtures shared): about 9 minutes in CI, 14 on the slowest 2-core VM seen;
+# Two pytest workers, each file on one (its module fixtures shared): 15-17 minutes on the project's 2-core VM;
 # the slowest 15 say what to trim when the suite grows.
 test: install-dev vllm-venv
 	$(BIN)/ruff check .
