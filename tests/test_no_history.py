@@ -1,10 +1,10 @@
 """The tree speaks of the project as it is: development history lives in git, not in files.
 
 Every tracked text file (code, comments, docs, profiles, tests, results) and every tracked path is
-checked for the marks of a lab notebook: development rounds ("session 12", "this session"), issue
-numbers, round-tagged names (`ab_s36_default`, `run3`), references to a design brief the repository
-does not hold ("DESIGN §4"), and aims talk ("aimed at"). Data sets (prompts, tokenizers, weights)
-are not prose and are skipped.
+checked for the marks of a lab notebook: a development round named or counted, an issue's number,
+names tagged with a round (an underscore, "s" and a number; "run" and a number), references to a
+design brief the repository does not hold (its name and a section sign), and talk of aims (the
+patterns below). Data sets (prompts, tokenizers, weights) are not prose and are skipped.
 
     python -m tests.test_no_history    # lists every offending line
 """
