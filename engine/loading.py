@@ -25,7 +25,7 @@ from models.cpu_forms import CpuForms
 from models.cpu_products import kept_forms, kept_forms_if_any, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
-from models.kernel_plan import KernelPlan
+from models.kernel_plan import DEFAULT_PLAN, KernelPlan
 from models.layers import fuse_projections, set_kernel_plan
 from models.llama import LlamaModel, load_target
 from models.tokenizer import load_tokenizer
@@ -125,12 +125,11 @@ def load_models(args: NativeEngineArgs, plan: KernelPlan | None = None) -> tuple
         fuse_projections(drafter)
     fuse_projections(target)
     if plan is None and device.type == "cpu" and dtype == torch.float32:
-        forms = product_forms(args, torch.get_num_threads())
-        plan = KernelPlan(cpu_forms=forms) if forms else None
-        if forms:
+        if forms := product_forms(args, torch.get_num_threads()):
+            plan = KernelPlan(cpu_forms=forms)
             log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
                      "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in forms.measured), forms.compiled)
-    set_kernel_plan(plan or KernelPlan(), target, drafter)
+    set_kernel_plan(plan or DEFAULT_PLAN, target, drafter)
     return target, drafter, device
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from models.kernel_plan import KernelPlan
+from models.kernel_plan import DEFAULT_PLAN
 from models.layers import Attention, AttnInputs, KVCache, Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 
 
@@ -72,7 +72,7 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.config = config
-        self.kernel_plan = KernelPlan()   # its layers' (models.layers.set_kernel_plan)
+        self.kernel_plan = DEFAULT_PLAN   # its layers' (models.layers.set_kernel_plan)
         h = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.embed_tokens.weight.requires_grad_(False)  # frozen: the target's embedding

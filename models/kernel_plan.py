@@ -28,3 +28,6 @@ class KernelPlan:
         (engine/saved_compile.py), since its guards do not cover the plan."""
         return {"attention": self.attention, "gemv_as_reduction": self.gemv_as_reduction,
                 "cpu_compiled_form": self.cpu_forms.compiled}
+
+
+DEFAULT_PLAN = KernelPlan()   # frozen: every model and layer not yet given another shares it

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.cpu_forms import few_rows_cpu, onednn_linear
-from models.kernel_plan import KernelPlan
+from models.kernel_plan import DEFAULT_PLAN, KernelPlan
 from models.q4_linear import Q4Linear
 
 
@@ -134,7 +134,7 @@ class Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.plan = KernelPlan()   # F.linear at every CPU row count until the engine sets its model's plan
+        self.plan = DEFAULT_PLAN   # F.linear at every CPU row count until the engine sets its model's plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.plan.gemv_as_reduction and x.is_cuda and x.numel() == self.in_features
@@ -208,7 +208,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(heads * head_dim, out_dim, bias=False)
         self.qkv_proj: nn.Module | None = None  # set by fuse(): q, k, v in one GEMM
         self.kv_cache: KVCache | None = None
-        self.plan = KernelPlan()
+        self.plan = DEFAULT_PLAN
 
     def fuse(self) -> None:
         """Inference only: read the q, k, v weights in one GEMM (one kernel instead of three)."""

@@ -15,7 +15,7 @@ import torch.nn as nn
 from models.aux_layers import default_aux_layer_ids
 from models.gguf import gguf_file, gguf_q4_blocks, gguf_state_dict
 from models.hf_config import read_hf_config
-from models.kernel_plan import KernelPlan
+from models.kernel_plan import DEFAULT_PLAN
 from models.layers import Attention, AttnInputs, KVCache, Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.q4_linear import keep_q4
 from models.safetensors_io import load_state_dict
@@ -85,7 +85,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, aux_layer_ids: list[int] | None = None):
         super().__init__()
         self.config = config
-        self.kernel_plan = KernelPlan()   # its layers' (models.layers.set_kernel_plan)
+        self.kernel_plan = DEFAULT_PLAN   # its layers' (models.layers.set_kernel_plan)
         self.aux_layer_ids = list(aux_layer_ids or default_aux_layer_ids(config.num_hidden_layers))
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
