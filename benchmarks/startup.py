@@ -13,8 +13,9 @@ The server (--server-args "ARGS"; "" is the default profile): `launch/serve.sh A
 with SPECSERVE_CACHE_DIR=--cache-dir. When /health turns ready one chat request goes out (the first answer);
 then --clients clients stream (back to back, or --think seconds apart: idle time in which the niced compile
 worker gets the CPU) until /health lists no decode shape compiling, and --after seconds more. The log's
-"compiled in" lines time each swap to a compiled step, and the longest gap between chunks within --window
-seconds of one is its cost. The load average rides along (the machine may be shared).
+"compiled in" lines time each swap to a compiled step and its load before it, and the longest gap between
+chunks from --window seconds before the load to --window seconds after the swap is its cost. The load
+average rides along (the machine may be shared).
 
   python -m benchmarks startup --model M --draft D --steps-by-batch 1=4,32=1 --max-batch 32 --dtype bfloat16 \\
       --cache-dir /tmp/inductor --out runs/startup.json
@@ -44,7 +45,8 @@ from benchmarks.report import md_table, provenance, write_result
 from benchmarks.server_proc import free_port, ours, ours_env, server_process
 from drafter.prompts import read_records
 
-SWAP = re.compile(r"^(\S+ \S+) INFO specserve\.engine: (.+) compiled in (\d+) s \(loaded in ([\d.]+) s\)")
+SWAP = re.compile(r"^(\S+ \S+) INFO specserve\.engine: (.+) compiled in (\d+) s "
+                  r"\(loaded in ([\d.]+) s after waiting ([\d.]+) s for an idle engine\)")
 # torch.compile's timed phases: a compile's total is "_compile.compile_inner" when lazy and "fullgraph_capture"
 # ahead of time (--saved-steps). Coordinate-descent tuning runs at a kernel's first launch, outside them.
 PHASES = {"compiling": ("_compile.compile_inner", "fullgraph_capture"), "tracing": ("bytecode_tracing",),
@@ -146,8 +148,10 @@ def server_start(args, kind: str) -> dict:
     swaps = []
     for m in filter(None, map(SWAP.match, log.read_text().splitlines())):
         at = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() - launched
-        swaps.append({"at_s": round(at, 2), "shape": m[2], "compile_s": int(m[3]), "load_s": float(m[4]),
-                      "longest_gap_ms_within_window": gaps_ms(at - args.window, at + args.window)})
+        load_s = float(m[4])
+        swaps.append({"at_s": round(at, 2), "shape": m[2], "compile_s": int(m[3]), "load_s": load_s,
+                      "waited_for_idle_s": float(m[5]),
+                      "longest_gap_ms_within_window": gaps_ms(at - load_s - args.window, at + args.window)})
     texts: dict[int, set] = {0: {first.text}}
     for prompt, r in streams:
         texts.setdefault(prompt, set()).add(r.text)
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     server.add_argument("--think", type=float, default=0.0, help="seconds each client waits between requests")
     server.add_argument("--timeout", type=float, default=1800, help="seconds to wait for every shape compiled")
     server.add_argument("--after", type=float, default=20, help="seconds of load once every shape is compiled")
-    server.add_argument("--window", type=float, default=1.0, help="seconds either side of a swap")
+    server.add_argument("--window", type=float, default=1.0, help="seconds before a load and after its swap")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]

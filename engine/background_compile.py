@@ -8,6 +8,14 @@ and marks the shape ready: from the next engine step on it runs compiled (BatchD
 Compiles saved by an earlier start are loaded before the worker starts, and a start that finds every
 shape saved starts no worker.
 
+Loading waits for an idle engine. Loading is Python that holds the GIL (torch's deserialization imports
+hundreds of modules the first time, unpickles the artifact, builds its guards), and an eager step waits
+for the GIL at each of its ops: beside a load on 2 cores, 32 ms steps took up to 1.2 s. So the loading
+thread loads while the engine has nothing running or waiting; a request that arrives during a load is
+only slowed while it lasts (a few seconds, the switch interval shortened to keep each wait short). An
+engine never idle for IDLE_WAIT_S loads beside its steps. The first call of a loaded step costs no more
+than the next ones, so marking it ready is free.
+
 Why a process and not a thread. Tracing and inductor's code generation are Python that holds the GIL,
 and every eager op releases and retakes it, so an eager step waits behind the compiler at each of its
 hundreds of ops. And a compiled step warmed up on a second thread opens a second OpenMP team: with more
@@ -22,6 +30,7 @@ among it), so it compiles exactly the steps this process serves.
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import pickle
@@ -36,6 +45,8 @@ from typing import Callable
 log = logging.getLogger("specserve.engine")
 
 NICE = 10   # the worker's CPU priority below the server's: serving steps come first on a busy machine
+IDLE_WAIT_S = 60.0   # the longest a saved compile waits for an idle engine before loading beside its steps
+LOAD_SWITCH_INTERVAL_S = 0.0002   # while loading: an engine op waits this long for the GIL, not 5 ms
 
 
 @dataclass
@@ -78,6 +89,7 @@ class BackgroundCompiles:
                  after=None):
         self.decoder, self.args, self.max_rows, self.on_change = decoder, args, max_rows, on_change
         self.after = after   # engine/tuning.Tuning: measurements that choose the steps to compile, taken first
+        self.idle: Callable[[], bool] = lambda: True   # the engine's: nothing running or waiting
         self.compiled: list[tuple] = []
         self.error: str | None = None
         self.worker: subprocess.Popen | None = None
@@ -136,16 +148,31 @@ class BackgroundCompiles:
             log.exception("background compiles failed; the shapes not compiled stay eager")
             self._give_up(f"{type(e).__name__}: {e}")
 
+    def _load_when_idle(self) -> tuple[int, float, float]:
+        """Loads what was saved since the last look, once the engine is idle (or after IDLE_WAIT_S):
+        (compiles loaded, seconds waited, seconds loading). What the load made joins the heap the
+        collector skips (gc.freeze, as at start-up), so no later collection walks it during a step."""
+        t0 = time.perf_counter()
+        while not self.idle() and time.perf_counter() - t0 < IDLE_WAIT_S and not self._stop.is_set():
+            time.sleep(0.02)
+        t1, switch = time.perf_counter(), sys.getswitchinterval()
+        sys.setswitchinterval(LOAD_SWITCH_INTERVAL_S)
+        try:
+            loaded = self.decoder.refresh_saved_compiles()
+        finally:
+            sys.setswitchinterval(switch)
+        gc.freeze()
+        return loaded, t1 - t0, time.perf_counter() - t1
+
     def _load_saved(self) -> None:
         """Every shape that a compile saved by an earlier start accepts: ready at once."""
-        t0 = time.perf_counter()
-        loaded = self.decoder.refresh_saved_compiles()
+        loaded, _, seconds = self._load_when_idle()
         ready = [key for key in self.pending if self._accepts(key)]
         for key in ready:
             self._ready(key)
         if loaded:
             log.info("loaded %d saved compiles in %.1f s: %d of %d decode shapes compiled at once", loaded,
-                     time.perf_counter() - t0, len(ready), len(ready) + len(self.pending))
+                     seconds, len(ready), len(ready) + len(self.pending))
         self.on_change(self.status)
 
     def _accepts(self, key: tuple) -> bool:
@@ -172,13 +199,12 @@ class BackgroundCompiles:
                 return
             news = json.loads(line)
             key = tuple(news["shape"])
-            t0 = time.perf_counter()
-            self.decoder.refresh_saved_compiles()
+            _, waited, seconds = self._load_when_idle()
             if self._accepts(key):
                 self._ready(key)
-                log.info("%s compiled in %.0f s (loaded in %.2f s); %d of %d decode shapes compiled", shape_label(key),
-                         news["seconds"], time.perf_counter() - t0, len(self.compiled),
-                         len(self.compiled) + len(self.pending))
+                log.info("%s compiled in %.0f s (loaded in %.2f s after waiting %.1f s for an idle engine); "
+                         "%d of %d decode shapes compiled", shape_label(key), news["seconds"], seconds, waited,
+                         len(self.compiled), len(self.compiled) + len(self.pending))
             else:
                 log.warning("%s: the compile the worker saved does not load here; it stays eager", shape_label(key))
                 self.pending = [k for k in self.pending if k != key]

@@ -5,13 +5,13 @@ depends on the processor: F.linear (x @ W.T) is the default;
 `few_rows_cpu` (W @ x.T) and `onednn_linear` (oneDNN over a weight reordered once into its blocked
 layout) are faster on some processors at some row counts. models/cpu_products.py times them on this
 machine and the engine puts its choice in the models' KernelPlan (models/kernel_plan.py) at load. All
-three give F.linear's products up to float32 rounding. Compiled steps call oneDNN as one opaque
-op (`specserve::onednn_linear`) where F.linear lost at every row count (CpuForms.compiled); inductor's own
-CPU products are F.linear's.
+three give F.linear's products up to float32 rounding. A compiled step takes the same form where its
+row count is fixed (calling oneDNN as one opaque op, `specserve::onednn_linear`); where the count is
+symbolic, oneDNN if F.linear lost at every count (CpuForms.compiled), else inductor's own products,
+F.linear's.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 import torch
@@ -39,8 +39,8 @@ class CpuForms:
     def form(self, rows: int) -> str:
         if not self.measured:
             return "linear"
-        i = bisect.bisect_left(self.measured, (rows,))
-        return self.measured[min(i, len(self.measured) - 1)][1]
+        # A loop, not bisect: compiled steps look their form up while tracing, and dynamo cannot trace bisect.
+        return next((form for n, form in self.measured if n >= rows), self.measured[-1][1])
 
 
 def few_rows_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -127,9 +127,10 @@ class Linear(nn.Linear):
     down_proj of an 8B layer) into fewer tiles than the GPU has SMs and reads it below copy
     bandwidth; written as multiply-and-sum, inductor emits one GEMV kernel over many more
     blocks, faster once tuned (engine.model_runner.COMPILE_OPTIONS). Accumulates in fp32 like cuBLAS. Eager, CPU and
-    multi-token calls use F.linear, except float32 CPU calls: eager ones take the form measured
-    fastest on this processor for their row count, compiled ones oneDNN where F.linear lost at
-    every count (models/cpu_forms.py). Both choices are its model's KernelPlan (set_kernel_plan).
+    multi-token calls use F.linear, except float32 CPU calls: they take the form measured fastest
+    on this processor for their row count, or where a compile makes the count symbolic, oneDNN
+    where F.linear lost at every count (models/cpu_forms.py). Both choices are its model's
+    KernelPlan (set_kernel_plan).
     """
 
     def __init__(self, *args, **kwargs):
@@ -141,18 +142,17 @@ class Linear(nn.Linear):
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
         if x.device.type == "cpu" and x.dtype == torch.float32:
-            # Compiled, the row count may be symbolic (a prefill's width, a dynamic batch), and looking
-            # its form up would specialize the compile to each count (a compile per prefill width or
-            # batch size): compiled steps take one form for every count (CpuForms.compiled).
-            if torch.compiler.is_compiling():
-                if self.plan.cpu_forms.compiled == "onednn" and not torch.is_grad_enabled():
+            # A row count fixed in a compile (a batch-1 step) takes its measured form like an eager call.
+            # A symbolic one (a prefill's width, a dynamic batch) would be specialized by the lookup (a
+            # compile per width or batch size): it takes one form for every count (CpuForms.compiled).
+            rows = x.numel() // self.in_features
+            form = self.plan.cpu_forms.form(rows) if isinstance(rows, int) else self.plan.cpu_forms.compiled
+            if form == "few_rows":
+                return few_rows_cpu(x, self.weight, self.bias)
+            if form == "onednn" and not torch.is_grad_enabled():
+                if torch.compiler.is_compiling():   # one opaque op: its cache of reordered weights is not traced
                     return torch.ops.specserve.onednn_linear(x, self.weight, self.bias)
-            else:
-                form = self.plan.cpu_forms.form(x.numel() // self.in_features)
-                if form == "few_rows":
-                    return few_rows_cpu(x, self.weight, self.bias)
-                if form == "onednn" and not torch.is_grad_enabled():
-                    return onednn_linear(x, self.weight, self.bias)
+                return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
