@@ -49,7 +49,7 @@ from drafter.prompts import read_records
 SWAP = re.compile(r"^(\S+ \S+) INFO specserve\.engine: (.+) compiled in (\d+) s "
                   r"\(loaded in ([\d.]+) s after waiting ([\d.]+) s for an idle engine\)")
 COMPILING = re.compile(r"^(\S+ \S+) INFO specserve\.engine: serving eager decode steps while a worker process compiles")
-PHASES = ("while_measuring", "while_compiling", "after_compiled")   # of a server start, split at the log's lines
+SERVER_PHASES = ("while_measuring", "while_compiling", "after_compiled")   # of a server start, split at the log's lines
 # torch.compile's timed phases: a compile's total is "_compile.compile_inner" when lazy and "fullgraph_capture"
 # ahead of time (--saved-steps). Coordinate-descent tuning runs at a kernel's first launch, outside them.
 PHASES = {"compiling": ("_compile.compile_inner", "fullgraph_capture"), "tracing": ("bytecode_tracing",),
@@ -186,11 +186,11 @@ def markdown(result: dict, args) -> str:
     starts = result["starts"]
     if args.server_args is not None:
         rows = [[kind, s["ready_s"], s["first_answer_s"], s["compiled_s"],
-                 *(f"{s[f'longest_gap_ms_{p}']} ({s[f'median_gap_ms_{p}']})" for p in PHASES),
+                 *(f"{s[f'longest_gap_ms_{p}']} ({s[f'median_gap_ms_{p}']})" for p in SERVER_PHASES),
                  ", ".join(f"{w['longest_gap_ms_within_window']}" for w in s["swaps"]) or None, s["streams"],
                  max(map(len, s["texts_by_prompt"].values()))] for kind, s in starts.items()]
         table = md_table(["start", "ready s", "first answer s", "every shape compiled s",
-                          *(f"longest (median) gap {p.replace('_', ' ')} ms" for p in PHASES),
+                          *(f"longest (median) gap {p.replace('_', ' ')} ms" for p in SERVER_PHASES),
                           "longest gap at each swap ms", "streams", "texts per prompt (most)"], rows)
     else:
         rows = [[kind, round(s["ready_s"], 1), *s["phases_s"].values()] + [round(x["max_gap_ms"]) for x in s["loads"]]
