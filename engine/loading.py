@@ -26,7 +26,7 @@ from models.cpu_products import kept_forms, kept_forms_if_any, measured_forms
 from models.eagle3 import Eagle3Drafter
 from models.eagle3_checkpoint import load_drafter
 from models.kernel_plan import DEFAULT_PLAN, KernelPlan
-from models.layers import fuse_projections, set_kernel_plan
+from models.layers import fuse_projections, onednn_weights, set_kernel_plan
 from models.llama import LlamaModel, load_target
 from models.tokenizer import load_tokenizer
 
@@ -130,6 +130,9 @@ def load_models(args: NativeEngineArgs, plan: KernelPlan | None = None) -> tuple
             log.info("CPU float32 product forms by row count (measured here; longer prefills take the last): %s; "
                      "compiled steps: %s", ", ".join(f"{n}: {form}" for n, form in forms.measured), forms.compiled)
     set_kernel_plan(plan or DEFAULT_PLAN, target, drafter)
+    if plan is not None and plan.cpu_forms.takes_onednn:   # now, not in the first request's prefill
+        for _ in onednn_weights(target, drafter):
+            pass
     return target, drafter, device
 
 

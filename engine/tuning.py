@@ -40,7 +40,7 @@ from engine.steps_by_cost import (
 from models.cpu_forms import CpuForms
 from models.cpu_products import REPS, forms_path, kept_entry, machine_key, timing_slices
 from models.kept_measurements import kept_measurement
-from models.layers import set_kernel_plan
+from models.layers import onednn_weights, set_kernel_plan
 
 log = logging.getLogger("specserve.engine")
 
@@ -101,6 +101,8 @@ class Tuning:
                 entry = kept_measurement(forms_path(folder), machine_key(threads), lambda: entry, FORMS)
             forms = CpuForms(tuple((n, form) for n, form in entry["forms"]))
             dec = self.decoder
+            if forms.takes_onednn:   # the weights' oneDNN copies, a slice each, before a step needs them all
+                yield from onednn_weights(dec.target, dec.drafter)
             set_kernel_plan(dataclasses.replace(dec.target.kernel_plan, cpu_forms=forms), dec.target, dec.drafter)
             log.info("CPU float32 product forms by row count, measured while serving (%.0f s): %s; compiled steps: %s",
                      time.perf_counter() - self.started, ", ".join(f"{n}: {f}" for n, f in forms.measured),

@@ -36,6 +36,10 @@ class CpuForms:
         if "onednn" in forms and "linear" not in forms:
             object.__setattr__(self, "compiled", "onednn")
 
+    @property
+    def takes_onednn(self) -> bool:
+        return any(form == "onednn" for _, form in self.measured)
+
     def form(self, rows: int) -> str:
         if not self.measured:
             return "linear"
@@ -72,18 +76,23 @@ _REORDERED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 REORDER_ROWS = 8
 
 
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear through oneDNN over a copy of `weight` reordered into oneDNN's blocked layout
-    (torch's CPU ops for it, private: torch.ops.mkldnn). The copy is made on first use and again
-    after the weight changes in place (a training step, a loaded state dict); it doubles the
-    weight's memory (an inference tensor keeps no version counter: its first copy stays). No
-    autograd: callers use it without gradients."""
+def onednn_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` reordered into oneDNN's blocked layout (torch's CPU ops for it, private:
+    torch.ops.mkldnn), made on first use and again after the weight changes in place (a training
+    step, a loaded state dict); it doubles the weight's memory (an inference tensor keeps no version
+    counter: its first copy stays)."""
     version = None if weight.is_inference() else weight._version
     kept = _REORDERED.get(weight)
     if kept is None or kept[0] != version:
         kept = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), REORDER_ROWS))
         _REORDERED[weight] = kept
-    return torch.ops.mkldnn._linear_pointwise(x, kept[1], bias, "none", [], "")
+    return kept[1]
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear through oneDNN over `weight`'s reordered copy (onednn_weight). No autograd: callers
+    use it without gradients."""
+    return torch.ops.mkldnn._linear_pointwise(x, onednn_weight(weight), bias, "none", [], "")
 
 
 # onednn_linear as one opaque op for compiled steps: torch.compile calls it with the step's tensors and

@@ -103,6 +103,7 @@ def test_written_profile_serves_the_steps_table(tmp_path):
     assert launch.env["NCCL_PROTO"] == "LL" and kw["disable_custom_all_reduce"] and args["layers"] == 32
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-venv)")

@@ -2,9 +2,12 @@
 report engine-ready seconds and the longest gap per concurrency (eager here: compiling on CPU
 takes a minute). Timings are never checked."""
 import json
+import logging
 from pathlib import Path
 
 from benchmarks import startup
+from engine.background_compile import COMPILING, SWAPPED_IN
+from server.main import LOG_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,3 +42,13 @@ def test_server_cold_and_warm_first_answers(tmp_path):
         assert all(len(texts) == 1 for texts in s["texts_by_prompt"].values())
     assert "| cold |" in out.with_suffix(".md").read_text() and out.with_suffix(".warm.log").stat().st_size > 0
     assert json.loads((tmp_path / "manifest.json").read_text())["claim"].endswith("of the server")
+
+
+def test_startup_reads_the_lines_the_engine_logs_at_a_swap():
+    """The lines that time the phases of a start, as the engine logs them in the server's format."""
+    def logged(msg: str, *args) -> str:
+        return logging.Formatter(LOG_FORMAT).format(logging.LogRecord("specserve.engine", logging.INFO, "", 0, msg,
+                                                                      args, None))
+    swap = startup.SWAP.match(logged(SWAPPED_IN, "1 row x 3 draft steps", 78.2, 3.614, 0.04, 1, 2))
+    assert swap.groups()[1:] == ("1 row x 3 draft steps", "78", "3.61", "0.0")
+    assert startup.COMPILING.match(logged(COMPILING, "prefills, 1 row x 3 draft steps"))

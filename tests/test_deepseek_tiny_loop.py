@@ -106,6 +106,7 @@ def result(tmp_path_factory) -> dict:
     return loop.run_loop(tmp_path_factory.mktemp("loop"), SIZES, features="vllm", wiring=("outputs-below",))
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not loop.VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-venv)")
@@ -125,6 +126,7 @@ def test_the_deepseek_loop_through_vllm_trains_a_drafter_and_the_wiring_bug_cost
     assert check["exit"] == 2 and "sglang-llama" in check["message"] and "sglang-deepseek" in check["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.skipif(not loop.VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-venv)")
 def test_vllm_greedy_on_the_deepseek_target_equals_transformers(result):

@@ -53,6 +53,7 @@ def health(url: str) -> dict:
     return r.json()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # cold: about 2 minutes alone on 2 cores, most of it the background compile awaited
 def test_make_serve_answers_before_its_steps_compile_and_neither_compiling_nor_speculation_changes_a_token(tmp_path):
     """`make serve` runs serve.sh: cpu-default (speculating with steps per batch size from step costs it
