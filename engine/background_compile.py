@@ -10,11 +10,11 @@ shape saved starts no worker.
 
 Loading waits for an idle engine. Loading is Python that holds the GIL (torch's deserialization imports
 hundreds of modules the first time, unpickles the artifact, builds its guards), and an eager step waits
-for the GIL at each of its ops: beside a load on 2 cores, 32 ms steps took up to 1.2 s. So the loading
+for the GIL at each of its ops, so beside a load a step takes many times its length. So the loading
 thread loads while the engine has nothing running or waiting; a request that arrives during a load is
-only slowed while it lasts (a few seconds, the switch interval shortened to keep each wait short). An
-engine never idle for IDLE_WAIT_S loads beside its steps. The first call of a loaded step costs no more
-than the next ones, so marking it ready is free.
+slowed while it lasts (the switch interval shortened to keep each wait short). An engine never idle
+for IDLE_WAIT_S loads beside its steps. The first call of a loaded step costs about what the next ones
+do, so marking it ready is free.
 
 Why a process and not a thread. Tracing and inductor's code generation are Python that holds the GIL,
 and every eager op releases and retakes it, so an eager step waits behind the compiler at each of its

@@ -128,8 +128,8 @@ class NativeEngine:
                     tuning.on_change = lambda: self.on_compile_news(self.compile_status)
                     self.tuning = tuning
                 # What loading made lives as long as the engine: the collector skips it from now on (as
-                # SGLang's freeze_gc and vLLM's freeze_gc_heap do), or a full collection walks it mid-step
-                # (150-190 ms on 2 cores with torch's heap).
+                # SGLang's freeze_gc and vLLM's freeze_gc_heap do), or a full collection walks torch's whole
+                # heap mid-step.
                 gc.collect()
                 gc.freeze()
                 if (compiles := self._background_compiles()) is not None:

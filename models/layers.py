@@ -265,7 +265,7 @@ def set_kernel_plan(plan: KernelPlan, *models: nn.Module | None) -> None:
 def onednn_weights(*models: nn.Module | None) -> Iterator[None]:
     """Makes the oneDNN copy of each float32 CPU product's weight (models/cpu_forms.onednn_weight), one
     weight per step of the iteration. Otherwise the first step under a plan whose forms take oneDNN
-    makes them all: a pause of 0.5-0.7 s for the SmolLM2 pair on 2 cores."""
+    makes them all, a pause of a copy of every weight."""
     for model in filter(None, models):
         for m in model.modules():
             if isinstance(m, Linear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32:
