@@ -9,6 +9,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 source "$(dirname "$0")/native_bundle.sh"
+DONE=$W/res/done
 RUN=(python3 -m benchmarks startup --server-args "--profile gpu-native --no-compile-before-ready" --clients 1
      --think 3 --cache-dir $W/cache --timeout 1200 --after 10 --out $W/res/swap.json)
 
@@ -16,24 +17,10 @@ start() {
     bundle_install
     cd $SRC
     echo "${RUN[*]}" > $W/res/command.txt
-    setsid nohup bash -c "$(printf '%q ' "${RUN[@]}"); touch $W/res/done" > $W/logs/startup.log 2>&1 &
+    setsid nohup bash -c "$(printf '%q ' "${RUN[@]}"); touch $DONE" > $W/logs/startup.log 2>&1 &
     log "started: ${RUN[*]}"
 }
 
 pack() { mkdir -p "$OUT" && cp -r $W/res $W/logs "$OUT"/; }
 
-wait_done() {
-    local limit=${1:-540} t=0
-    until [ -f $W/res/done ]; do
-        sleep 10; t=$((t + 10))
-        if [ $t -ge "$limit" ]; then log "still running"; tail -n 3 $W/logs/startup.log; pack; return 0; fi
-    done
-    log "done"; pack
-}
-
-case "${1:-}" in
-recv) bundle_recv ;;
-start) start ;;
-wait) wait_done "${2:-540}" ;;
-*) echo "usage: $0 recv|start|wait [S]" >&2; exit 2 ;;
-esac
+bundle_stages "$@"

@@ -10,7 +10,8 @@
 #                                            # (python3 -m pytest -m gpu tests/test_gpu_deterministic.py); into $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-source "$(dirname "$0")/native_bundle.sh"   # the bundle: .carry/bundle/part.00 to .02, a call each
+source "$(dirname "$0")/native_bundle.sh"
+DONE=$W/res/pytest.done   # the bundle: .carry/bundle/part.00 to .02, a call each
 
 start() {
     bundle_install
@@ -41,18 +42,4 @@ pack() {
     mkdir -p "$OUT" && cp -r $W/res $W/logs "$OUT"/
 }
 
-wait_done() {
-    local limit=${1:-540} t=0
-    until [ -f $W/res/pytest.done ]; do
-        sleep 10; t=$((t + 10))
-        if [ $t -ge "$limit" ]; then log "still running"; tail -n 3 $W/logs/*.log; pack; return 0; fi
-    done
-    log "done"; pack
-}
-
-case "${1:-}" in
-recv) bundle_recv ;;
-start) start ;;
-wait) wait_done "${2:-540}" ;;
-*) echo "usage: $0 recv|start|wait [S]" >&2; exit 2 ;;
-esac
+bundle_stages "$@"
