@@ -12,9 +12,11 @@ F.linear's.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.weak import WeakIdKeyDictionary
 
 CPU_FEW_ROWS = 8  # the most rows few_rows_cpu is offered for
@@ -40,11 +42,17 @@ class CpuForms:
     def takes_onednn(self) -> bool:
         return any(form == "onednn" for _, form in self.measured)
 
-    def form(self, rows: int) -> str:
+    def form(self, rows: int | torch.SymInt) -> str:
+        """The form of a product of `rows` rows. Compiled, the count may be symbolic (a prefill's width,
+        a dynamic batch), and comparing it would specialize the compile to each count: there only a
+        count known to be a measured one without a guard (a batch-1 step's) takes its form, any other
+        `compiled`."""
         if not self.measured:
             return "linear"
-        # A loop, not bisect: compiled steps look their form up while tracing, and dynamo cannot trace bisect.
-        return next((form for n, form in self.measured if n >= rows), self.measured[-1][1])
+        if torch.compiler.is_compiling():
+            return next((form for n, form in self.measured if statically_known_true(rows == n)), self.compiled)
+        i = bisect.bisect_left(self.measured, (rows,))
+        return self.measured[min(i, len(self.measured) - 1)][1]
 
 
 def few_rows_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -143,11 +143,9 @@ class Linear(nn.Linear):
                 and torch.compiler.is_compiling()):
             return gemv_reduction(x, self.weight, self.bias)
         if x.device.type == "cpu" and x.dtype == torch.float32:
-            # A row count fixed in a compile (a batch-1 step) takes its measured form like an eager call.
-            # A symbolic one (a prefill's width, a dynamic batch) would be specialized by the lookup (a
-            # compile per width or batch size): it takes one form for every count (CpuForms.compiled).
-            rows = x.numel() // self.in_features
-            form = self.plan.cpu_forms.form(rows) if isinstance(rows, int) else self.plan.cpu_forms.compiled
+            # A row count fixed in a compile (a batch-1 step) takes its measured form like an eager call; a
+            # symbolic one (a prefill's width, a dynamic batch) one form for every count (CpuForms.form).
+            form = self.plan.cpu_forms.form(x.numel() // self.in_features)
             if form == "few_rows":
                 return few_rows_cpu(x, self.weight, self.bias)
             if form == "onednn" and not torch.is_grad_enabled():

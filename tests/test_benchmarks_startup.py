@@ -5,6 +5,8 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
+
 from benchmarks import startup
 from engine.background_compile import COMPILING, SWAPPED_IN
 from server.main import LOG_FORMAT
@@ -28,6 +30,7 @@ def test_cold_and_warm_starts(tmp_path):
     assert f"loaded {ROOT / 'shipped/target'} on cpu" in out.with_suffix(".warm.log").read_text()   # the engine's log
 
 
+@pytest.mark.slow
 def test_server_cold_and_warm_first_answers(tmp_path):
     """The server as `make serve` starts it (eager steps here: nothing compiles), cold then warm: ready, the
     first answer and one client's streams, every prompt's text the same each time it was asked."""

@@ -69,6 +69,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.mark.slow
 def test_pipeline_end_to_end_through_our_server(tmp_path, one_thread):
     # init_std 0.05: outputs far from uniform noise, yet mostly valid text, so the text round
     # trip through the HTTP API (decode, then re-tokenize) keeps the target's contexts.

@@ -68,7 +68,7 @@ def test_costs_are_measured_once_kept_and_leave_the_decoder_as_it_was(pair, tmp_
     assert kept_costs(dec, "t", "d", str(tmp_path)) == {1: [1.0] * 4, 2: [1.0, 9.0, 9.0, 9.0], 4: [1.0, 9.0, 9.0, 9.0]}
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
 def test_an_engine_with_accept_rates_serves_the_table_its_costs_give_and_changes_no_token(pair, tmp_path, compile):
     """The engine picks its table from the kept costs at load (3 steps alone, none from 2 rows:
     costs written before it starts) and answers four requests at once, rows joining and leaving,
