@@ -83,6 +83,7 @@ def tiny_pair(tmp_path_factory):
     return make_tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.mark.slow
 def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_path):
     target, drafter = tiny_pair
     # Eager steps: the default profile's compile is test_smollm2's (`make serve`); here it would add half a minute.

@@ -25,6 +25,7 @@ def _stop_servers_at_session_end():
     h.stop_all()
 
 
+@pytest.mark.slow
 def test_python_m_server_with_draft_defaults_to_3_steps(tmp_path):
     models = h.models()
     port = h.free_port()
@@ -82,6 +83,7 @@ def test_engine_that_cannot_start_ends_the_process(tmp_path):
     assert "engine failed to start" in proc.stderr and "tokenizer" in proc.stderr.lower()
 
 
+@pytest.mark.slow
 def test_sigterm_drain_is_bounded_by_shutdown_timeout(tmp_path):
     """A stream that would run for seconds is cut once --shutdown-timeout has passed after
     SIGTERM: the process still exits 0, and promptly."""
