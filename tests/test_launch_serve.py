@@ -87,8 +87,9 @@ def tiny_pair(tmp_path_factory):
 def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_path):
     target, drafter = tiny_pair
     # Eager steps: the default profile's compile is test_smollm2's (`make serve`); here it would add half a minute.
-    srv = start_server(["--steps", "2", "--no-compile", "--model", str(target), "--draft", str(drafter)],
-                       tmp_path / "server.log")
+    # A drain long enough for the stream on a busy machine: the bound itself is test_server_cli's.
+    srv = start_server(["--steps", "2", "--no-compile", "--model", str(target), "--draft", str(drafter),
+                        "--shutdown-timeout", "300"], tmp_path / "server.log")
     try:
         with open(f"/proc/{srv.proc.pid}/cmdline", "rb") as f:  # serve.sh exec'd Python: same pid
             assert b"launch.cli" in f.read()
@@ -102,7 +103,7 @@ def test_serve_sh_steps_2_serves_on_cpu_and_drains_on_sigterm(tiny_pair, tmp_pat
         # A streaming request in flight when SIGTERM arrives still finishes (uvicorn drains).
         chunks, t = stream_in_background(srv.url, srv.output, model=name)
         at_signal = len(chunks)
-        rc = srv.stop()
+        rc = srv.stop(timeout=300)
         t.join(60)
     finally:
         if srv.proc.poll() is None:
