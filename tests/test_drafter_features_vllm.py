@@ -36,7 +36,7 @@ LAYERS = 32
 IDS = {"training": [1, 15, 28], "vllm": [1, 15, 28]}
 ATOL = 1e-4   # float32 through two engines; the two conventions' tensors differ by far more
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600),
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(600),
               pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-venv)")]
 
 

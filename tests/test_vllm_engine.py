@@ -29,7 +29,7 @@ STEPS = 3
 MAX_TOKENS = 48
 MODEL = "specserve-small"
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600),
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(600),
               pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-venv)")]
 
 
