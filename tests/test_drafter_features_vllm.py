@@ -8,7 +8,7 @@ vLLM is asked for the layer outputs that two id lists name in two conventions: t
 off-by-one anywhere between the conventions fails here. Training from the kept features equals
 training with the target in the loop, and the exported drafter records vLLM as its capture engine.
 
-`make test` creates .venv-vllm (`make vllm-venv`); without it the module is skipped.
+`make test-slow` runs it (a whole vLLM start); `make test` creates .venv-vllm, without which it is skipped.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ stops; greedy texts equal the native engine's on the same pair; /metrics agrees 
 responses; a client that leaves frees its request in vLLM; a dead vLLM engine core turns
 /health 503 (last: it kills the server's engine).
 
-`make test` creates .venv-vllm (`make vllm-venv`); without it the module is skipped.
+`make test-slow` runs it (a whole vLLM start); `make test` creates .venv-vllm, without which it is skipped.
 """
 from __future__ import annotations
 
